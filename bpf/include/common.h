@@ -1,0 +1,193 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * Types and constants shared by the BPF programs and by Go (bpf2go -type).
+ * Every struct and enum user space reads or writes is defined here, once.
+ */
+#ifndef RL_COMMON_H
+#define RL_COMMON_H
+
+#include <stdbool.h>
+#include <linux/types.h>
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+#define NSEC_PER_SEC 1000000000ULL
+#define READ_ONCE_U64(x) (*(volatile __u64 *)&(x))
+
+/* Sizes and limits. Go reads these through bpf2go, never retypes them. */
+enum rl_const {
+	RL_MAX_LIMITS = 128,	/* limit ids are 0..RL_MAX_LIMITS-1 */
+	RL_MASK_WORDS = RL_MAX_LIMITS / 64,
+	RL_MAX_MATCH = 8,	/* limits enforced on one packet; more are counted in match_overflow */
+	RL_PORT_SPACE = 65536,
+	RL_KEY_CACHE_SLOTS = 8192, /* per-CPU direct-mapped cache of keyed buckets; power of two */
+	RL_CAS_TRIES = 4,	/* lease attempts on a contended pool before the packet is rejected */
+	RL_STALE_NS = 10000000,	/* a lease older than this hands its remainder back on the next lease */
+	RL_MAX_RATE = 1000000000, /* units/s; keeps the fixed-point products below 2^64 */
+	RL_MAX_BURST_SECONDS = 3600, /* burst / rate; idem */
+	RL_NO_SLOT = 0xffffffff,
+};
+
+/* What happens to a packet that finds its bucket empty. */
+enum rl_action {
+	RL_ACTION_DROP = 0,	/* drop it (XDP_DROP) */
+	RL_ACTION_SHADOW = 1,	/* count it as would-drop and pass it; it draws no tokens */
+};
+
+/* What one token is worth. */
+enum rl_unit {
+	RL_UNIT_PACKETS = 0,
+	RL_UNIT_BYTES = 1,	/* the frame length as the hook sees it, L2 header included */
+};
+
+/* How a limit splits its traffic into buckets. */
+enum rl_key_kind {
+	RL_KEY_NONE = 0,	/* one bucket for the limit */
+	RL_KEY_SRC_IP = 1,
+	RL_KEY_DST_IP = 2,
+	RL_KEY_SRC_PREFIX = 3,	/* source address masked to prefix4 / prefix6 */
+	RL_KEY_DST_PORT = 4,	/* protocol class and destination port */
+};
+
+/* Protocol classes of the classifier. */
+enum rl_proto_class {
+	RL_PROTO_TCP = 0,
+	RL_PROTO_UDP = 1,
+	RL_PROTO_ICMP = 2,	/* ICMP and ICMPv6 */
+	RL_PROTO_OTHER = 3,	/* any other protocol, and packets whose L4 header is not there */
+	RL_PROTO_CLASSES = 4,
+};
+
+enum rl_direction {
+	RL_DIR_INGRESS = 0,
+	RL_DIR_EGRESS = 1,
+	RL_DIRECTIONS = 2,
+};
+
+/* Where the data path reads the time. Chosen by user space at load time. */
+enum rl_clock_kind {
+	RL_CLOCK_KTIME = 0,	/* bpf_ktime_get_ns */
+	RL_CLOCK_COARSE = 1,	/* bpf_ktime_get_coarse_ns (5.11+) */
+	RL_CLOCK_JIFFIES = 2,	/* bpf_jiffies64 x ns_per_jiffy: inlined, tick resolution */
+	RL_CLOCK_TEST = 3,	/* rl_test_clock, advanced by step on every packet: tests only */
+};
+
+/* A set of limit ids. */
+struct rl_mask {
+	__u64 w[RL_MASK_WORDS];
+};
+
+/* Parameters of a limit's bucket at this node. Read only on the lease path.
+ *
+ * Tokens are counted on a virtual clock V(t) that runs at the node share:
+ *   V(t) = base_v + (t - base_ns) x rate / 1e9
+ * and a bucket stores only the point v_empty at which it would be empty; it
+ * holds min(burst, V(now) - v_empty) tokens. A rate change rewrites base_v and
+ * base_ns so that V is continuous and changes slope at that moment: no bucket
+ * is touched, every bucket keeps its tokens, and the burst clamp applies at
+ * the next lease.
+ */
+struct rl_params {
+	__u64 rate;	/* node share, units per second (0: admit nothing) */
+	__u64 burst;	/* node share of the burst, units, >= 1 */
+	__u64 chunk;	/* tokens one CPU leases at a time */
+	__u64 base_ns;	/* clock reading at which V(t) == base_v */
+	__u64 base_v;
+};
+
+/* A configured limit, ARRAY-indexed by limit id. */
+struct rl_limit {
+	__u32 gen;	/* identity of the limit that owns this id; 0 = free */
+	__u32 seq;	/* bumped on every parameter change */
+	__u8 unit;	/* enum rl_unit */
+	__u8 key_kind;	/* enum rl_key_kind */
+	__u8 action;	/* enum rl_action */
+	__u8 pad0;
+	__u32 pad1;
+	__u32 prefix4;	/* RL_KEY_SRC_PREFIX: IPv4 netmask, network byte order */
+	__u32 prefix6[4]; /* RL_KEY_SRC_PREFIX: IPv6 netmask, network byte order */
+	struct rl_params params[2];
+	/* Index of the live params. User space writes the other slot and this
+	 * byte in one map update; active is last in the struct so that a reader
+	 * that sees the new index also sees the new params (stores are ordered
+	 * on x86 and the copy runs forward). */
+	__u32 active;
+	__u32 pad2;
+};
+
+/* Classifier state that is not per-port or per-prefix. One entry. */
+struct rl_config {
+	struct rl_mask dir[RL_DIRECTIONS];	/* limits of each direction */
+	struct rl_mask src_cidr;	/* limits restricted to source CIDRs */
+	struct rl_mask dst_cidr;	/* limits restricted to destination CIDRs */
+};
+
+struct rl_lpm4 {
+	__u32 prefixlen;
+	__u32 addr;		/* network byte order */
+};
+
+struct rl_lpm6 {
+	__u32 prefixlen;
+	__u32 addr[4];		/* network byte order */
+};
+
+/* Tokens one CPU has leased from a bucket's pool. */
+struct rl_cache {
+	__u64 tokens;
+	__u64 lease_ns;	/* when the last lease was taken */
+	__u64 retry_ns;	/* the pool was short: do not ask it again before this */
+	__u32 gen;	/* limit generation these tokens belong to */
+	__u32 seq;	/* params seq retry_ns was computed under */
+};
+
+/* Per-limit counters, per CPU. */
+struct rl_stats {
+	__u64 admitted_packets;
+	__u64 admitted_bytes;
+	__u64 dropped_packets;
+	__u64 dropped_bytes;
+	__u64 shadow_packets;	/* would have been dropped (action shadow), passed */
+	__u64 shadow_bytes;
+	__u64 new_keys;		/* keys that got a bucket for the first time */
+	__u64 returned_keys;	/* keys that came back after their bucket was evicted */
+};
+
+/* Per-limit, per-CPU state: counters, and the token cache of a key-less limit. */
+struct rl_limit_cpu {
+	struct rl_stats stats;
+	struct rl_cache cache;
+};
+
+/* A bucket of a keyed limit. */
+struct rl_bucket_key {
+	__u32 limit;
+	__u32 gen;
+	__u32 addr[4];		/* address (IPv4 as ::ffff:a.b.c.d) or {class, port} */
+};
+
+/* A bucket's shared pool: see struct rl_params. Updated with compare-and-swap. */
+struct rl_pool {
+	__u64 v_empty;
+};
+
+/* One slot of the per-CPU keyed-bucket cache. */
+struct rl_key_slot {
+	struct rl_bucket_key key;
+	struct rl_cache cache;
+};
+
+/* Counters that belong to no limit, per CPU. */
+struct rl_global_stats {
+	__u64 match_overflow;	/* packets that matched more than RL_MAX_MATCH limits */
+	__u64 lease_contended;	/* leases that gave up after RL_CAS_TRIES */
+	__u64 pool_full;	/* new keys that found no room in the pool map */
+};
+
+struct rl_test_clock {
+	__u64 now;
+	__u64 step;		/* added to now before each packet */
+};
+
+#endif /* RL_COMMON_H */

@@ -1,0 +1,155 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * The maps of the data path. User space (package maps) pins them by name and
+ * is the only writer of the classifier and limit maps; the data path writes
+ * pools, caches, tombstones and counters.
+ */
+#ifndef RL_MAPS_H
+#define RL_MAPS_H
+
+#include "common.h"
+
+/* limit id -> struct rl_limit. ARRAY: inlined lookup, ids are dense. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, RL_MAX_LIMITS);
+	__type(key, __u32);
+	__type(value, struct rl_limit);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} rl_limits SEC(".maps");
+
+/* 0 -> struct rl_config. ARRAY of one: inlined lookup. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct rl_config);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} rl_cfg SEC(".maps");
+
+/* enum rl_proto_class -> limits matching every packet of that class (no port
+ * restriction). ARRAY: inlined lookup. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, RL_PROTO_CLASSES);
+	__type(key, __u32);
+	__type(value, struct rl_mask);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} rl_proto_any SEC(".maps");
+
+/* class x 65536 + dport -> limits restricted to that port (TCP and UDP only).
+ * ARRAY rather than a hash: a port range is expanded into its ports once, and
+ * the per-packet lookup is an inlined index, whatever the number of limits. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 2 * RL_PORT_SPACE);
+	__type(key, __u32);
+	__type(value, struct rl_mask);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} rl_ports SEC(".maps");
+
+/* Source / destination prefix -> limits whose CIDR list covers it. LPM_TRIE:
+ * longest match; user space ORs the masks of covering prefixes into each
+ * entry. Consulted only when a candidate limit restricts that side. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 4096);
+	__type(key, struct rl_lpm4);
+	__type(value, struct rl_mask);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} rl_src4 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 4096);
+	__type(key, struct rl_lpm4);
+	__type(value, struct rl_mask);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} rl_dst4 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 4096);
+	__type(key, struct rl_lpm6);
+	__type(value, struct rl_mask);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} rl_src6 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 4096);
+	__type(key, struct rl_lpm6);
+	__type(value, struct rl_mask);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} rl_dst6 SEC(".maps");
+
+/* limit id -> counters and the token cache of a key-less limit.
+ * PERCPU: written from softirq on one CPU, no atomics needed. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, RL_MAX_LIMITS);
+	__type(key, __u32);
+	__type(value, struct rl_limit_cpu);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} rl_percpu SEC(".maps");
+
+/* limit id -> shared pool of a key-less limit. ARRAY: inlined lookup; the
+ * value is changed only by compare-and-swap on the lease path. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, RL_MAX_LIMITS);
+	__type(key, __u32);
+	__type(value, struct rl_pool);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} rl_pools SEC(".maps");
+
+/* (limit, gen, key) -> shared pool of a keyed bucket. LRU_HASH: bounded
+ * memory; when full the coldest key is evicted (see rl_tombstones). The size
+ * is set by user space at load time. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct rl_bucket_key);
+	__type(value, struct rl_pool);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} rl_buckets SEC(".maps");
+
+/* hash(bucket) & mask -> the bucket's tokens leased by this CPU.
+ * PERCPU direct-mapped cache: the fast path of a keyed limit is an inlined
+ * index and a tag compare, no hash map walk and no atomic. A colliding key
+ * takes the slot over and hands the previous key's tokens back. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, RL_KEY_CACHE_SLOTS);
+	__type(key, __u32);
+	__type(value, struct rl_key_slot);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} rl_key_cache SEC(".maps");
+
+/* hash(bucket) & mask -> fingerprint of the last new bucket that hashed here.
+ * ARRAY: a new bucket whose fingerprint is already here had a bucket before,
+ * so it was evicted: counted as returned_keys. A later key that lands on the
+ * same slot overwrites it, so with many more keys than slots the count is a
+ * lower bound. Sized by user space (power of two, rl_tombstone_mask). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 262144);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} rl_tombstones SEC(".maps");
+
+/* 0 -> counters that belong to no limit. PERCPU: no atomics. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct rl_global_stats);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} rl_global SEC(".maps");
+
+#endif /* RL_MAPS_H */

@@ -1,0 +1,57 @@
+// Package testenv decides whether a test that needs privileges or a kernel
+// feature skips or fails.
+//
+// Every machine and CI job that runs rlagent's tests is root, so a skipped
+// privileged test usually hides a broken environment rather than a missing
+// permission. Setting RLAGENT_REQUIRE_ROOT_TESTS=1 (CI does, through .ci/run)
+// turns those skips into failures; without it a non-root developer still gets
+// a green `go test ./...` with the privileged tests reported as skipped.
+//
+// Only tests import this package.
+package testenv
+
+import (
+	"fmt"
+	"os"
+	"testing"
+)
+
+// RequireRootEnv is the environment variable that, set to "1", forbids skipping.
+const RequireRootEnv = "RLAGENT_REQUIRE_ROOT_TESTS"
+
+// geteuid is a variable so that tests can pretend to be root or not.
+var geteuid = os.Geteuid
+
+// skipForbidden reports whether RLAGENT_REQUIRE_ROOT_TESTS=1.
+func skipForbidden() bool {
+	return os.Getenv(RequireRootEnv) == "1"
+}
+
+// RequireRoot skips tb unless the test runs as root (BPF_PROG_TEST_RUN, map
+// creation and attaching need CAP_BPF and CAP_NET_ADMIN). With
+// RLAGENT_REQUIRE_ROOT_TESTS=1 it fails tb instead of skipping it.
+func RequireRoot(tb testing.TB) {
+	tb.Helper()
+	if geteuid() == 0 {
+		return
+	}
+	if skipForbidden() {
+		tb.Fatalf("test needs root (CAP_BPF, CAP_NET_ADMIN) and %s=1 forbids skipping", RequireRootEnv)
+		return
+	}
+	tb.Skip("needs root: loading and running BPF programs needs CAP_BPF and CAP_NET_ADMIN (run as root; " +
+		RequireRootEnv + "=1 turns this skip into a failure)")
+}
+
+// SkipOrFail skips tb with the formatted reason, or fails it with that reason
+// when RLAGENT_REQUIRE_ROOT_TESTS=1. Use it where a test would skip because
+// the environment lacks something, such as "kernel lacks BPF atomics".
+func SkipOrFail(tb testing.TB, format string, args ...any) {
+	tb.Helper()
+	reason := fmt.Sprintf(format, args...)
+	if skipForbidden() {
+		tb.Fatalf("%s (%s=1 forbids skipping)", reason, RequireRootEnv)
+		return
+	}
+	tb.Skip(reason)
+}
