@@ -3,8 +3,8 @@ module github.com/rlagent/rlagent
 go 1.26.0
 
 require (
-	github.com/cilium/ebpf v0.22.0 // indirect
-	golang.org/x/sys v0.50.0 // indirect
+	github.com/cilium/ebpf v0.22.0
+	golang.org/x/sys v0.50.0
 )
 
 tool github.com/cilium/ebpf/cmd/bpf2go

@@ -232,7 +232,7 @@ __noinline int rl_check(const struct pkt *p, struct match *m, __u64 *now)
 }
 
 /* Draws the tokens of an admitted packet and counts it. */
-static __always_inline void rl_commit(const struct match *m, bool pass)
+static __always_inline void rl_commit(const struct match *m, __u32 len, bool pass)
 {
 	__u32 id = m->id;
 	struct rl_limit_cpu *lc = bpf_map_lookup_elem(&rl_percpu, &id);
@@ -254,15 +254,15 @@ static __always_inline void rl_commit(const struct match *m, bool pass)
 			s->cache.tokens -= m->cost;
 		}
 		lc->stats.admitted_packets++;
-		lc->stats.admitted_bytes += m->cost == 1 ? 0 : m->cost;
+		lc->stats.admitted_bytes += len;
 		break;
 	case MATCH_REJECT:
 		lc->stats.dropped_packets++;
-		lc->stats.dropped_bytes += m->cost;
+		lc->stats.dropped_bytes += len;
 		break;
 	case MATCH_SHADOW:
 		lc->stats.shadow_packets++;
-		lc->stats.shadow_bytes += m->cost;
+		lc->stats.shadow_bytes += len;
 		break;
 	}
 }
@@ -380,7 +380,7 @@ static __always_inline bool rl_enforce(const struct pkt *p, __u32 dir)
 	for (int i = 0; i < RL_MAX_MATCH; i++) {
 		if (i >= n)
 			break;
-		rl_commit(&ms[i], pass);
+		rl_commit(&ms[i], p->len, pass);
 	}
 	return pass;
 }

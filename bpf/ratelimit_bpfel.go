@@ -50,6 +50,8 @@ type RatelimitRlConfig struct {
 	Dir     [2]RatelimitRlMask
 	SrcCidr RatelimitRlMask
 	DstCidr RatelimitRlMask
+	LastGen uint32
+	Pad     uint32
 }
 
 type RatelimitRlConst uint32

@@ -121,6 +121,8 @@ struct rl_config {
 	struct rl_mask dir[RL_DIRECTIONS];	/* limits of each direction */
 	struct rl_mask src_cidr;	/* limits restricted to source CIDRs */
 	struct rl_mask dst_cidr;	/* limits restricted to destination CIDRs */
+	__u32 last_gen;		/* user space: the last limit generation handed out */
+	__u32 pad;
 };
 
 struct rl_lpm4 {

@@ -1,0 +1,363 @@
+package maps
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
+	"github.com/rlagent/rlagent/bpf"
+)
+
+type mask = bpf.RatelimitRlMask
+
+const portSpace = int(bpf.RatelimitRlConstRL_PORT_SPACE)
+
+func setBit(m *mask, id uint32)      { m.W[id/64] |= 1 << (id % 64) }
+func hasBit(m *mask, id uint32) bool { return m.W[id/64]&(1<<(id%64)) != 0 }
+func and(a, b mask) (r mask) {
+	for i := range r.W {
+		r.W[i] = a.W[i] & b.W[i]
+	}
+	return r
+}
+func or(a, b mask) (r mask) {
+	for i := range r.W {
+		r.W[i] = a.W[i] | b.W[i]
+	}
+	return r
+}
+
+// classifier is the content of the classifier maps: what the data path
+// reads to find the limits of a packet.
+type classifier struct {
+	cfg      bpf.RatelimitRlConfig
+	protoAny [bpf.RatelimitRlProtoClassRL_PROTO_CLASSES]mask
+	ports    []mask // class x 65536 + port, TCP and UDP
+	src, dst map[netip.Prefix]mask
+}
+
+func newClassifier() *classifier {
+	return &classifier{
+		ports: make([]mask, 2*portSpace),
+		src:   make(map[netip.Prefix]mask),
+		dst:   make(map[netip.Prefix]mask),
+	}
+}
+
+const (
+	classTCP   = int(bpf.RatelimitRlProtoClassRL_PROTO_TCP)
+	classUDP   = int(bpf.RatelimitRlProtoClassRL_PROTO_UDP)
+	classICMP  = int(bpf.RatelimitRlProtoClassRL_PROTO_ICMP)
+	classOther = int(bpf.RatelimitRlProtoClassRL_PROTO_OTHER)
+)
+
+// classes are the protocol classes a protocol selects.
+func (p Protocol) classes() []int {
+	switch p {
+	case TCP:
+		return []int{classTCP}
+	case UDP:
+		return []int{classUDP}
+	case ICMP:
+		return []int{classICMP}
+	}
+	return []int{classTCP, classUDP, classICMP, classOther}
+}
+
+// buildClassifier derives the classifier of a set of limits.
+func buildClassifier(limits map[uint32]*installed, lastGen uint32) *classifier {
+	c := newClassifier()
+	c.cfg.LastGen = lastGen
+	for id, in := range limits {
+		m := &in.limit.Match
+		setBit(&c.cfg.Dir[m.Direction], id)
+		if len(m.DstPorts) == 0 {
+			for _, cl := range m.Protocol.classes() {
+				setBit(&c.protoAny[cl], id)
+			}
+		} else {
+			for _, cl := range m.Protocol.classes() {
+				if cl != classTCP && cl != classUDP {
+					continue
+				}
+				for _, r := range m.DstPorts {
+					for p := int(r.First); p <= int(r.Last); p++ {
+						setBit(&c.ports[cl*portSpace+p], id)
+					}
+				}
+			}
+		}
+		if len(m.SrcCIDRs) > 0 {
+			setBit(&c.cfg.SrcCidr, id)
+		}
+		if len(m.DstCIDRs) > 0 {
+			setBit(&c.cfg.DstCidr, id)
+		}
+	}
+	c.src = prefixMasks(limits, func(m *Match) []netip.Prefix { return m.SrcCIDRs })
+	c.dst = prefixMasks(limits, func(m *Match) []netip.Prefix { return m.DstCIDRs })
+	return c
+}
+
+// prefixMasks gives each prefix of any limit the set of limits that have a
+// prefix covering it: the longest-prefix match then finds every limit whose
+// list contains the address.
+func prefixMasks(limits map[uint32]*installed, list func(*Match) []netip.Prefix) map[netip.Prefix]mask {
+	out := make(map[netip.Prefix]mask)
+	for _, in := range limits {
+		for _, p := range list(&in.limit.Match) {
+			out[p.Masked()] = mask{}
+		}
+	}
+	for p := range out {
+		var m mask
+		for id, in := range limits {
+			for _, q := range list(&in.limit.Match) {
+				if q.Addr().Is4() == p.Addr().Is4() && q.Bits() <= p.Bits() && q.Contains(p.Addr()) {
+					setBit(&m, id)
+					break
+				}
+			}
+		}
+		out[p] = m
+	}
+	return out
+}
+
+func lpm4Key(p netip.Prefix) bpf.RatelimitRlLpm4 {
+	a := p.Addr().As4()
+	return bpf.RatelimitRlLpm4{Prefixlen: uint32(p.Bits()), Addr: binary.LittleEndian.Uint32(a[:])}
+}
+
+func lpm6Key(p netip.Prefix) bpf.RatelimitRlLpm6 {
+	k := bpf.RatelimitRlLpm6{Prefixlen: uint32(p.Bits())}
+	a := p.Addr().As16()
+	for i := range k.Addr {
+		k.Addr[i] = binary.LittleEndian.Uint32(a[4*i:])
+	}
+	return k
+}
+
+// apply writes next over the maps, which hold cur, in an order that never
+// lets a packet see a limit with half of its match:
+// first the direction masks lose the limits that go, then the tables change,
+// then the direction masks gain the limits that come.
+func (d *Datapath) apply(cur, next *classifier) error {
+	var zero uint32
+	interim := next.cfg
+	for i := range interim.Dir {
+		interim.Dir[i] = and(cur.cfg.Dir[i], next.cfg.Dir[i])
+	}
+	// A limit restricted to prefixes whose entries are not written yet
+	// matches nothing: safe.
+	interim.SrcCidr = or(cur.cfg.SrcCidr, next.cfg.SrcCidr)
+	interim.DstCidr = or(cur.cfg.DstCidr, next.cfg.DstCidr)
+	if err := d.objs.RlCfg.Put(zero, &interim); err != nil {
+		return fmt.Errorf("write classifier config: %w", err)
+	}
+
+	var keys []uint32
+	var vals []mask
+	for i := range next.ports {
+		if next.ports[i] != cur.ports[i] {
+			keys = append(keys, uint32(i))
+			vals = append(vals, next.ports[i])
+		}
+	}
+	if len(keys) > 0 {
+		if _, err := d.objs.RlPorts.BatchUpdate(keys, vals, nil); err != nil {
+			return fmt.Errorf("write port table: %w", err)
+		}
+	}
+	for cl := range next.protoAny {
+		if next.protoAny[cl] != cur.protoAny[cl] {
+			if err := d.objs.RlProtoAny.Put(uint32(cl), &next.protoAny[cl]); err != nil {
+				return fmt.Errorf("write protocol table: %w", err)
+			}
+		}
+	}
+	if err := d.applyPrefixes("source", d.objs.RlSrc4, d.objs.RlSrc6, cur.src, next.src); err != nil {
+		return err
+	}
+	if err := d.applyPrefixes("destination", d.objs.RlDst4, d.objs.RlDst6, cur.dst, next.dst); err != nil {
+		return err
+	}
+	if err := d.objs.RlCfg.Put(zero, &next.cfg); err != nil {
+		return fmt.Errorf("write classifier config: %w", err)
+	}
+	return nil
+}
+
+func (d *Datapath) applyPrefixes(side string, m4, m6 *ebpf.Map, cur, next map[netip.Prefix]mask) error {
+	for p, m := range next {
+		if old, ok := cur[p]; ok && old == m {
+			continue
+		}
+		var err error
+		if p.Addr().Is4() {
+			err = m4.Put(lpm4Key(p), &m)
+		} else {
+			err = m6.Put(lpm6Key(p), &m)
+		}
+		if err != nil {
+			return fmt.Errorf("write %s prefix %s: %w", side, p, tableErr(err))
+		}
+	}
+	for p := range cur {
+		if _, ok := next[p]; ok {
+			continue
+		}
+		var err error
+		if p.Addr().Is4() {
+			err = m4.Delete(lpm4Key(p))
+		} else {
+			err = m6.Delete(lpm6Key(p))
+		}
+		if err != nil {
+			return fmt.Errorf("delete %s prefix %s: %w", side, p, err)
+		}
+	}
+	return nil
+}
+
+// readClassifier reads what the maps hold, for a Load that found them pinned.
+func (d *Datapath) readClassifier() (*classifier, error) {
+	c := newClassifier()
+	if err := d.objs.RlCfg.Lookup(uint32(0), &c.cfg); err != nil {
+		return nil, fmt.Errorf("read classifier config: %w", err)
+	}
+	for cl := range c.protoAny {
+		if err := d.objs.RlProtoAny.Lookup(uint32(cl), &c.protoAny[cl]); err != nil {
+			return nil, fmt.Errorf("read protocol table: %w", err)
+		}
+	}
+	var (
+		k uint32
+		v mask
+	)
+	it := d.objs.RlPorts.Iterate()
+	for it.Next(&k, &v) {
+		if int(k) < len(c.ports) {
+			c.ports[k] = v
+		}
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read port table: %w", err)
+	}
+	for _, t := range []struct {
+		m4, m6 *ebpf.Map
+		out    map[netip.Prefix]mask
+	}{{d.objs.RlSrc4, d.objs.RlSrc6, c.src}, {d.objs.RlDst4, d.objs.RlDst6, c.dst}} {
+		var k4 bpf.RatelimitRlLpm4
+		it := t.m4.Iterate()
+		for it.Next(&k4, &v) {
+			var a [4]byte
+			binary.LittleEndian.PutUint32(a[:], k4.Addr)
+			t.out[netip.PrefixFrom(netip.AddrFrom4(a), int(k4.Prefixlen))] = v
+		}
+		if err := it.Err(); err != nil {
+			return nil, fmt.Errorf("read prefixes: %w", err)
+		}
+		var k6 bpf.RatelimitRlLpm6
+		it = t.m6.Iterate()
+		for it.Next(&k6, &v) {
+			var a [16]byte
+			for i, w := range k6.Addr {
+				binary.LittleEndian.PutUint32(a[4*i:], w)
+			}
+			t.out[netip.PrefixFrom(netip.AddrFrom16(a), int(k6.Prefixlen))] = v
+		}
+		if err := it.Err(); err != nil {
+			return nil, fmt.Errorf("read prefixes: %w", err)
+		}
+	}
+	return c, nil
+}
+
+// matchOf reconstructs a limit's match from the classifier, for limits found
+// in pinned maps. The result selects the same packets; CIDRs covered by
+// another CIDR of the same limit are folded into it.
+func (c *classifier) matchOf(id uint32) Match {
+	var m Match
+	if hasBit(&c.cfg.Dir[Egress], id) {
+		m.Direction = Egress
+	}
+	var classes []int
+	for cl := range c.protoAny {
+		if hasBit(&c.protoAny[cl], id) {
+			classes = append(classes, cl)
+		}
+	}
+	var portClasses []int
+	for _, cl := range []int{classTCP, classUDP} {
+		first := -1
+		for p := 0; p <= portSpace; p++ {
+			in := p < portSpace && hasBit(&c.ports[cl*portSpace+p], id)
+			if in && first < 0 {
+				first = p
+			}
+			if !in && first >= 0 {
+				if !slices.Contains(portClasses, cl) {
+					portClasses = append(portClasses, cl)
+				}
+				if cl == portClasses[0] {
+					m.DstPorts = append(m.DstPorts, PortRange{uint16(first), uint16(p - 1)})
+				}
+				first = -1
+			}
+		}
+	}
+	if len(portClasses) > 0 {
+		classes = portClasses
+	}
+	switch {
+	case len(classes) == 1 && classes[0] == classTCP:
+		m.Protocol = TCP
+	case len(classes) == 1 && classes[0] == classUDP:
+		m.Protocol = UDP
+	case len(classes) == 1 && classes[0] == classICMP:
+		m.Protocol = ICMP
+	default:
+		m.Protocol = AnyProtocol
+	}
+	m.SrcCIDRs = minimalPrefixes(c.src, id)
+	m.DstCIDRs = minimalPrefixes(c.dst, id)
+	return m
+}
+
+func minimalPrefixes(t map[netip.Prefix]mask, id uint32) []netip.Prefix {
+	var all []netip.Prefix
+	for p, m := range t {
+		if hasBit(&m, id) {
+			all = append(all, p)
+		}
+	}
+	var out []netip.Prefix
+	for _, p := range all {
+		covered := false
+		for _, q := range all {
+			if q != p && q.Addr().Is4() == p.Addr().Is4() && q.Bits() < p.Bits() && q.Contains(p.Addr()) {
+				covered = true
+				break
+			}
+		}
+		if !covered {
+			out = append(out, p)
+		}
+	}
+	slices.SortFunc(out, func(a, b netip.Prefix) int { return a.Addr().Compare(b.Addr()) })
+	return out
+}
+
+// tableErr marks a map that has no room left.
+func tableErr(err error) error {
+	if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.E2BIG) {
+		return fmt.Errorf("%w: %w", ErrTableFull, err)
+	}
+	return err
+}

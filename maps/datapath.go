@@ -1,0 +1,191 @@
+package maps
+
+import (
+	"errors"
+	"fmt"
+	"math/bits"
+	"os"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
+	"github.com/rlagent/rlagent/bpf"
+)
+
+// Clock is where the data path reads the time.
+type Clock uint8
+
+const (
+	// ClockJiffies is bpf_jiffies64: inlined by the JIT, tick resolution
+	// (1-10 ms). The default: the over-limit path reads the clock on every
+	// packet, and this is the cheapest clock (docs/benchmarks.md).
+	ClockJiffies Clock = iota
+	// ClockKtime is bpf_ktime_get_ns.
+	ClockKtime
+	// ClockCoarse is bpf_ktime_get_coarse_ns (Linux 5.11+).
+	ClockCoarse
+	// ClockTest is a clock the caller sets with SetTestClock, advanced by a
+	// fixed step before every packet. For tests only.
+	ClockTest
+)
+
+func (c Clock) kind() bpf.RatelimitRlClockKind {
+	switch c {
+	case ClockKtime:
+		return bpf.RatelimitRlClockKindRL_CLOCK_KTIME
+	case ClockCoarse:
+		return bpf.RatelimitRlClockKindRL_CLOCK_COARSE
+	case ClockTest:
+		return bpf.RatelimitRlClockKindRL_CLOCK_TEST
+	}
+	return bpf.RatelimitRlClockKindRL_CLOCK_JIFFIES
+}
+
+// String names the clock.
+func (c Clock) String() string {
+	return [...]string{"jiffies", "ktime", "coarse", "test"}[c&3]
+}
+
+// Options configure Load. The zero value is usable.
+type Options struct {
+	// PinDir, if set, is a directory on a bpffs where the maps are pinned
+	// by name (and picked up again by a later Load).
+	PinDir string
+	// Clock defaults to ClockJiffies.
+	Clock Clock
+	// MaxBuckets is the number of keyed buckets held at once, over all
+	// keyed limits (default 65536). When full, the coldest is evicted.
+	MaxBuckets uint32
+	// CPUs is the number of CPUs leases are sized for (default: possible CPUs).
+	CPUs int
+}
+
+// Datapath is a loaded data path.
+type Datapath struct {
+	objs  bpf.RatelimitObjects
+	opts  Options
+	ncpu  int
+	state *classifier
+	// limits mirrors what is written to rl_limits, by id.
+	limits map[uint32]*installed
+}
+
+type installed struct {
+	limit Limit
+	entry bpf.RatelimitRlLimit
+}
+
+// Load loads the data path into the kernel. It does not attach it.
+func Load(opts Options) (*Datapath, error) {
+	if opts.Clock > ClockTest {
+		return nil, fmt.Errorf("clock: %d is not one of jiffies, ktime, coarse, test", opts.Clock)
+	}
+	if opts.MaxBuckets == 0 {
+		opts.MaxBuckets = 65536
+	}
+	ncpu := opts.CPUs
+	if ncpu <= 0 {
+		n, err := ebpf.PossibleCPU()
+		if err != nil {
+			return nil, fmt.Errorf("count possible CPUs: %w", err)
+		}
+		ncpu = n
+	}
+
+	spec, err := bpf.LoadRatelimit()
+	if err != nil {
+		return nil, fmt.Errorf("read data path ELF: %w", err)
+	}
+	if err := spec.Variables["rl_clock_src"].Set(uint32(opts.Clock.kind())); err != nil {
+		return nil, fmt.Errorf("set clock: %w", err)
+	}
+	if opts.Clock == ClockJiffies {
+		var res unix.Timespec
+		// The resolution of the coarse clock is one tick: the length of a jiffy.
+		if err := unix.ClockGetres(unix.CLOCK_MONOTONIC_COARSE, &res); err != nil {
+			return nil, fmt.Errorf("read jiffy length: %w", err)
+		}
+		if err := spec.Variables["rl_ns_per_jiffy"].Set(uint64(res.Nano())); err != nil {
+			return nil, fmt.Errorf("set jiffy length: %w", err)
+		}
+	}
+	spec.Maps[bpf.RatelimitMapRlBuckets].MaxEntries = opts.MaxBuckets
+	// Tombstones: four slots per bucket, a power of two, so that a returning
+	// key is still recognised after a few other keys have come and gone.
+	tomb := uint32(1) << bits.Len32(4*opts.MaxBuckets-1)
+	spec.Maps[bpf.RatelimitMapRlTombstones].MaxEntries = tomb
+	if err := spec.Variables["rl_tombstone_mask"].Set(tomb - 1); err != nil {
+		return nil, fmt.Errorf("set tombstone mask: %w", err)
+	}
+
+	var copts ebpf.CollectionOptions
+	if opts.PinDir != "" {
+		if err := os.MkdirAll(opts.PinDir, 0o700); err != nil {
+			return nil, fmt.Errorf("create pin directory: %w", err)
+		}
+		copts.Maps.PinPath = opts.PinDir
+	} else {
+		for _, m := range spec.Maps {
+			m.Pinning = ebpf.PinNone
+		}
+	}
+
+	d := &Datapath{opts: opts, ncpu: ncpu, limits: make(map[uint32]*installed)}
+	if err := spec.LoadAndAssign(&d.objs, &copts); err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			return nil, fmt.Errorf("load data path: %+v", ve)
+		}
+		return nil, fmt.Errorf("load data path: %w", err)
+	}
+	if err := d.adopt(); err != nil {
+		d.objs.Close()
+		return nil, err
+	}
+	return d, nil
+}
+
+// Close releases the data path's file descriptors. Pinned maps stay.
+func (d *Datapath) Close() error {
+	return d.objs.Close()
+}
+
+// Program is the XDP program that enforces the limits.
+func (d *Datapath) Program() *ebpf.Program { return d.objs.XdpRatelimit }
+
+// CPUs is the number of CPUs leases are sized for.
+func (d *Datapath) CPUs() int { return d.ncpu }
+
+// Now reads the data path's clock, in nanoseconds.
+func (d *Datapath) Now() (uint64, error) {
+	ret, err := d.objs.XdpClockProbe.Run(&ebpf.RunOptions{Data: make([]byte, 64)})
+	if err != nil {
+		return 0, fmt.Errorf("read data path clock: %w", err)
+	}
+	if ret != 2 { // XDP_PASS
+		return 0, fmt.Errorf("read data path clock: probe returned %d", ret)
+	}
+	var now uint64
+	if err := d.objs.RlClockProbeOut.Get(&now); err != nil {
+		return 0, fmt.Errorf("read data path clock: %w", err)
+	}
+	return now, nil
+}
+
+// SetTestClock sets the test clock: now, and how far it moves before each
+// packet. Only for a Datapath loaded with ClockTest.
+func (d *Datapath) SetTestClock(now, step uint64) error {
+	if d.opts.Clock != ClockTest {
+		return errors.New("set test clock: data path not loaded with ClockTest")
+	}
+	return d.objs.RlTestNow.Set(bpf.RatelimitRlTestClock{Now: now, Step: step})
+}
+
+// TestClock reads the test clock.
+func (d *Datapath) TestClock() (uint64, error) {
+	var c bpf.RatelimitRlTestClock
+	if err := d.objs.RlTestNow.Get(&c); err != nil {
+		return 0, err
+	}
+	return c.Now, nil
+}

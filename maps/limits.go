@@ -1,0 +1,268 @@
+package maps
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math/bits"
+	"net/netip"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/rlagent/rlagent/bpf"
+)
+
+// vOrigin is where a new limit's virtual clock starts. A bucket that was
+// never used has v_empty 0, so it starts full as long as V >= burst.
+const vOrigin = 1 << 40
+
+const nsPerSec = 1_000_000_000
+
+// vclock is V(now) of params p, as rl_vclock computes it in C.
+func vclock(p *bpf.RatelimitRlParams, now uint64) uint64 {
+	var dt uint64
+	if now > p.BaseNs {
+		dt = now - p.BaseNs
+	}
+	hi, lo := bits.Mul64(dt%nsPerSec, p.Rate)
+	frac, _ := bits.Div64(hi, lo, nsPerSec)
+	return p.BaseV + (dt/nsPerSec)*p.Rate + frac
+}
+
+// SetLimit creates the limit with this id, or changes it in place.
+//
+// A change of rate or burst takes effect from the moment of the write, and
+// the limit's buckets keep their tokens (clamped to the new burst). A change
+// of unit or key starts the limit over with new, full buckets.
+func (d *Datapath) SetLimit(id uint32, l Limit) error {
+	if id >= MaxLimits {
+		return fmt.Errorf("set limit %d: id out of range 0..%d: %w", id, MaxLimits-1, ErrTableFull)
+	}
+	l = l.clone()
+	l.Match.SrcCIDRs = unmapAll(l.Match.SrcCIDRs)
+	l.Match.DstCIDRs = unmapAll(l.Match.DstCIDRs)
+	if err := l.Validate(); err != nil {
+		return fmt.Errorf("set limit %d: %w", id, err)
+	}
+	now, err := d.Now()
+	if err != nil {
+		return fmt.Errorf("set limit %d: %w", id, err)
+	}
+
+	params := bpf.RatelimitRlParams{
+		Rate:   l.Rate,
+		Burst:  l.Burst,
+		Chunk:  chunk(l.Rate, l.Burst, d.ncpu),
+		BaseNs: now,
+		BaseV:  vOrigin,
+	}
+	old := d.limits[id]
+	fresh := old == nil || old.limit.needsNewBuckets(&l)
+	var e bpf.RatelimitRlLimit
+	lastGen := d.state.cfg.LastGen
+	if fresh {
+		lastGen++
+		if lastGen == 0 {
+			lastGen = 1
+		}
+		e.Gen = lastGen
+		e.Seq = 1
+		e.Params[0] = params
+		if err := d.objs.RlPools.Put(id, &bpf.RatelimitRlPool{}); err != nil {
+			return fmt.Errorf("set limit %d: reset pool: %w", id, err)
+		}
+	} else {
+		e = old.entry
+		cur := e.Params[e.Active&1]
+		// V continues from where it is, at the new slope.
+		params.BaseV = vclock(&cur, now)
+		e.Params[(e.Active+1)&1] = params
+		e.Active = (e.Active + 1) & 1
+		e.Seq++
+	}
+	e.Unit = uint8(l.Unit)
+	e.KeyKind = uint8(l.Key)
+	e.Action = uint8(l.Action)
+	if l.Key == KeySrcPrefix {
+		e.Prefix4 = netmask4(int(l.Prefix4))
+		e.Prefix6 = netmask6(int(l.Prefix6))
+	}
+
+	next := make(map[uint32]*installed, len(d.limits)+1)
+	for k, v := range d.limits {
+		next[k] = v
+	}
+	next[id] = &installed{limit: l, entry: e}
+	cls := buildClassifier(next, lastGen)
+
+	// The entry goes first: the classifier bit that sends packets to it is
+	// set last, by apply.
+	if err := d.objs.RlLimits.Put(id, &e); err != nil {
+		return fmt.Errorf("set limit %d: write entry: %w", id, err)
+	}
+	if err := d.apply(d.state, cls); err != nil {
+		// The maps may now hold part of the change; the mirror says what
+		// was asked, so the next change rewrites the rest.
+		d.limits = next
+		d.state, _ = d.readClassifier()
+		return fmt.Errorf("set limit %d: %w", id, err)
+	}
+	d.limits = next
+	d.state = cls
+	if fresh && old != nil {
+		if err := d.purgeBuckets(id, old.entry.Gen); err != nil {
+			return fmt.Errorf("set limit %d: %w", id, err)
+		}
+	}
+	return nil
+}
+
+// DeleteLimit removes a limit: its classifier entries, its buckets and its
+// counters.
+func (d *Datapath) DeleteLimit(id uint32) error {
+	old, ok := d.limits[id]
+	if !ok {
+		return fmt.Errorf("delete limit %d: %w", id, ErrUnknownLimit)
+	}
+	next := make(map[uint32]*installed, len(d.limits))
+	for k, v := range d.limits {
+		if k != id {
+			next[k] = v
+		}
+	}
+	cls := buildClassifier(next, d.state.cfg.LastGen)
+	if err := d.apply(d.state, cls); err != nil {
+		return fmt.Errorf("delete limit %d: %w", id, err)
+	}
+	d.limits = next
+	d.state = cls
+	if err := d.objs.RlLimits.Put(id, &bpf.RatelimitRlLimit{}); err != nil {
+		return fmt.Errorf("delete limit %d: clear entry: %w", id, err)
+	}
+	zero := make([]bpf.RatelimitRlLimitCpu, d.possibleCPUs())
+	if err := d.objs.RlPercpu.Put(id, zero); err != nil {
+		return fmt.Errorf("delete limit %d: clear counters: %w", id, err)
+	}
+	if err := d.purgeBuckets(id, old.entry.Gen); err != nil {
+		return fmt.Errorf("delete limit %d: %w", id, err)
+	}
+	return nil
+}
+
+// Limit returns the limit with this id as it was set.
+func (d *Datapath) Limit(id uint32) (Limit, error) {
+	in, ok := d.limits[id]
+	if !ok {
+		return Limit{}, fmt.Errorf("limit %d: %w", id, ErrUnknownLimit)
+	}
+	return in.limit.clone(), nil
+}
+
+// IDs lists the ids of the limits that are set.
+func (d *Datapath) IDs() []uint32 {
+	ids := make([]uint32, 0, len(d.limits))
+	for id := range d.limits {
+		ids = append(ids, id)
+	}
+	return sortedIDs(ids)
+}
+
+func (d *Datapath) possibleCPUs() int {
+	n, err := ebpf.PossibleCPU()
+	if err != nil {
+		return d.ncpu
+	}
+	return n
+}
+
+func (d *Datapath) purgeBuckets(id, gen uint32) error {
+	var (
+		k    bpf.RatelimitRlBucketKey
+		v    bpf.RatelimitRlPool
+		dead []bpf.RatelimitRlBucketKey
+	)
+	it := d.objs.RlBuckets.Iterate()
+	for it.Next(&k, &v) {
+		if k.Limit == id && k.Gen == gen {
+			dead = append(dead, k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("list buckets: %w", err)
+	}
+	for _, k := range dead {
+		if err := d.objs.RlBuckets.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("delete bucket: %w", err)
+		}
+	}
+	return nil
+}
+
+// adopt reads the state of maps that were already pinned.
+func (d *Datapath) adopt() error {
+	cls, err := d.readClassifier()
+	if err != nil {
+		return err
+	}
+	d.state = cls
+	var (
+		id uint32
+		e  bpf.RatelimitRlLimit
+	)
+	it := d.objs.RlLimits.Iterate()
+	for it.Next(&id, &e) {
+		if e.Gen == 0 {
+			continue
+		}
+		p := e.Params[e.Active&1]
+		l := Limit{
+			Rate:   p.Rate,
+			Burst:  p.Burst,
+			Unit:   Unit(e.Unit),
+			Key:    KeyKind(e.KeyKind),
+			Action: Action(e.Action),
+			Match:  cls.matchOf(id),
+		}
+		if l.Key == KeySrcPrefix {
+			l.Prefix4 = uint8(bits.OnesCount32(e.Prefix4))
+			for _, w := range e.Prefix6 {
+				l.Prefix6 += uint8(bits.OnesCount32(w))
+			}
+		}
+		d.limits[id] = &installed{limit: l, entry: e}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("read limits: %w", err)
+	}
+	return nil
+}
+
+func unmapAll(ps []netip.Prefix) []netip.Prefix {
+	for i, p := range ps {
+		if p.Addr().Is4In6() {
+			bits := p.Bits() - 96
+			if bits < 0 {
+				bits = 0
+			}
+			ps[i] = netip.PrefixFrom(p.Addr().Unmap(), bits)
+		}
+		ps[i] = ps[i].Masked()
+	}
+	return ps
+}
+
+func netmask4(n int) uint32 {
+	var b [4]byte
+	binary.BigEndian.PutUint32(b[:], ^uint32(0)<<(32-n))
+	return binary.LittleEndian.Uint32(b[:])
+}
+
+func netmask6(n int) (m [4]uint32) {
+	for i := range m {
+		bits := min(max(n-32*i, 0), 32)
+		if bits > 0 {
+			m[i] = netmask4(bits)
+		}
+	}
+	return m
+}

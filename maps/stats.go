@@ -1,0 +1,132 @@
+package maps
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"slices"
+
+	"github.com/rlagent/rlagent/bpf"
+)
+
+// Stats are a limit's counters, summed over CPUs.
+type Stats struct {
+	AdmittedPackets uint64
+	AdmittedBytes   uint64 // frame bytes, L2 header included
+	DroppedPackets  uint64
+	DroppedBytes    uint64
+	ShadowPackets   uint64 // would have been dropped; passed (action shadow)
+	ShadowBytes     uint64
+	NewKeys         uint64 // keyed limits: buckets created for a new key
+	ReturnedKeys    uint64 // keyed limits: keys back after their bucket was evicted
+}
+
+// Stats reads a limit's counters.
+func (d *Datapath) Stats(id uint32) (Stats, error) {
+	if _, ok := d.limits[id]; !ok {
+		return Stats{}, fmt.Errorf("stats of limit %d: %w", id, ErrUnknownLimit)
+	}
+	var per []bpf.RatelimitRlLimitCpu
+	if err := d.objs.RlPercpu.Lookup(id, &per); err != nil {
+		return Stats{}, fmt.Errorf("stats of limit %d: %w", id, err)
+	}
+	var s Stats
+	for _, c := range per {
+		s.AdmittedPackets += c.Stats.AdmittedPackets
+		s.AdmittedBytes += c.Stats.AdmittedBytes
+		s.DroppedPackets += c.Stats.DroppedPackets
+		s.DroppedBytes += c.Stats.DroppedBytes
+		s.ShadowPackets += c.Stats.ShadowPackets
+		s.ShadowBytes += c.Stats.ShadowBytes
+		s.NewKeys += c.Stats.NewKeys
+		s.ReturnedKeys += c.Stats.ReturnedKeys
+	}
+	return s, nil
+}
+
+// GlobalStats are counters that belong to no limit, summed over CPUs.
+type GlobalStats struct {
+	MatchOverflow  uint64 // packets matching more than MaxMatch limits
+	LeaseContended uint64
+	PoolFull       uint64 // new keys that found no room: passed unlimited
+}
+
+// GlobalStats reads the counters that belong to no limit.
+func (d *Datapath) GlobalStats() (GlobalStats, error) {
+	var per []bpf.RatelimitRlGlobalStats
+	if err := d.objs.RlGlobal.Lookup(uint32(0), &per); err != nil {
+		return GlobalStats{}, fmt.Errorf("global stats: %w", err)
+	}
+	var g GlobalStats
+	for _, c := range per {
+		g.MatchOverflow += c.MatchOverflow
+		g.LeaseContended += c.LeaseContended
+		g.PoolFull += c.PoolFull
+	}
+	return g, nil
+}
+
+// Bucket is one key's bucket of a keyed limit.
+type Bucket struct {
+	Addr   netip.Addr // src-ip, dst-ip, src-prefix keys
+	Prefix int        // src-prefix keys: the prefix length
+	Port   uint16     // dst-port keys
+	// Tokens in the shared pool now; tokens leased to CPU caches (at most
+	// a chunk per CPU) are not included.
+	Tokens uint64
+}
+
+// Buckets lists the live buckets of a keyed limit.
+func (d *Datapath) Buckets(id uint32) ([]Bucket, error) {
+	in, ok := d.limits[id]
+	if !ok {
+		return nil, fmt.Errorf("buckets of limit %d: %w", id, ErrUnknownLimit)
+	}
+	now, err := d.Now()
+	if err != nil {
+		return nil, fmt.Errorf("buckets of limit %d: %w", id, err)
+	}
+	p := in.entry.Params[in.entry.Active&1]
+	v := vclock(&p, now)
+	var (
+		out []Bucket
+		k   bpf.RatelimitRlBucketKey
+		val bpf.RatelimitRlPool
+	)
+	it := d.objs.RlBuckets.Iterate()
+	for it.Next(&k, &val) {
+		if k.Limit != id || k.Gen != in.entry.Gen {
+			continue
+		}
+		b := Bucket{}
+		if v > val.V_empty {
+			b.Tokens = min(v-val.V_empty, p.Burst)
+		}
+		switch in.limit.Key {
+		case KeyDstPort:
+			b.Port = uint16(k.Addr[1])
+		default:
+			var a [16]byte
+			for i, w := range k.Addr {
+				binary.LittleEndian.PutUint32(a[4*i:], w)
+			}
+			b.Addr = netip.AddrFrom16(a).Unmap()
+			if in.limit.Key == KeySrcPrefix {
+				b.Prefix = int(in.limit.Prefix6)
+				if b.Addr.Is4() {
+					b.Prefix = int(in.limit.Prefix4)
+				}
+			}
+		}
+		out = append(out, b)
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("buckets of limit %d: %w", id, err)
+	}
+	return out, nil
+}
+
+func sortedIDs(ids []uint32) []uint32 {
+	slices.Sort(ids)
+	return ids
+}
