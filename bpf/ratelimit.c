@@ -16,8 +16,11 @@
  *   refill per CPU, one look at the shared pool (see bucket.h).
  * - A key seen for the first time gets a full bucket (burst). A key whose
  *   bucket was evicted (rl_buckets full) comes back with a full bucket too:
- *   it gains at most one burst per eviction, and each return is counted
- *   (returned_keys) so an operator sees that the map is too small.
+ *   it gains at most one burst per eviction. new_keys + returned_keys counts
+ *   every bucket created, so creations minus live buckets is the exact
+ *   number of evictions (maps.Evictions); returned_keys tells which
+ *   creations were returns, as long as the key's cache slot or tombstone
+ *   survived: exact under light churn, a lower bound under heavy churn.
  * - If rl_buckets cannot take a new key at all, the packet passes and
  *   pool_full is counted: the limiter fails open rather than dropping
  *   traffic it cannot account for.
@@ -105,9 +108,13 @@ static __always_inline bool rl_key_equal(const struct rl_bucket_key *a,
 		 (a->addr[2] ^ b->addr[2]) | (a->addr[3] ^ b->addr[3]));
 }
 
-/* Finds or creates the shared pool of a keyed bucket. */
+/* Finds or creates the shared pool of a keyed bucket. A new pool cancels
+ * the cache's wait for the old one (retry_ns), which an eviction took away.
+ * A new pool for a key this CPU's cache still holds (cached), or whose
+ * fingerprint is still in its tombstone slot, is a returning key. */
 static __always_inline struct rl_pool *rl_bucket_pool(const struct rl_bucket_key *k, __u64 h,
-						      struct rl_stats *st)
+						      struct rl_stats *st, struct rl_cache *c,
+						      bool cached)
 {
 	struct rl_pool *pool = bpf_map_lookup_elem(&rl_buckets, k);
 	struct rl_pool fresh = {};
@@ -119,16 +126,17 @@ static __always_inline struct rl_pool *rl_bucket_pool(const struct rl_bucket_key
 
 	/* v_empty 0 is far below V: the new bucket starts full. */
 	if (bpf_map_update_elem(&rl_buckets, k, &fresh, BPF_NOEXIST) == 0) {
+		c->retry_ns = 0;
 		tidx = (h >> 40) & rl_tombstone_mask;
 		fp = (__u32)h | 1;
 		tomb = bpf_map_lookup_elem(&rl_tombstones, &tidx);
-		if (tomb && *tomb == fp) {
+		if (cached || (tomb && *tomb == fp)) {
 			st->returned_keys++;
 		} else {
 			st->new_keys++;
-			if (tomb)
-				*tomb = fp;
 		}
+		if (tomb)
+			*tomb = fp;
 	}
 	return bpf_map_lookup_elem(&rl_buckets, k);
 }
@@ -179,6 +187,7 @@ __noinline int rl_check(const struct pkt *p, struct match *m, __u64 *now)
 	} else {
 		struct rl_bucket_key k = { .limit = id, .gen = lim->gen };
 		struct rl_key_slot *s;
+		bool cached;
 		__u32 slot;
 
 		rl_bucket_key(lim, p, &k);
@@ -189,7 +198,8 @@ __noinline int rl_check(const struct pkt *p, struct match *m, __u64 *now)
 			return MATCH_FAIL_OPEN;
 		m->slot = slot;
 		c = &s->cache;
-		if (!rl_key_equal(&s->key, &k)) {
+		cached = rl_key_equal(&s->key, &k);
+		if (!cached) {
 			/* Another bucket's slot: hand its tokens back and take it. */
 			if (c->tokens && s->key.gen) {
 				struct rl_pool *old = bpf_map_lookup_elem(&rl_buckets, &s->key);
@@ -204,7 +214,7 @@ __noinline int rl_check(const struct pkt *p, struct match *m, __u64 *now)
 		}
 		if (c->tokens >= m->cost)
 			return MATCH_ADMIT;
-		pool = rl_bucket_pool(&k, h, &lc->stats);
+		pool = rl_bucket_pool(&k, h, &lc->stats, c, cached);
 		if (!pool) {
 			rl_global_count(2);
 			return MATCH_FAIL_OPEN;

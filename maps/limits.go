@@ -110,7 +110,11 @@ func (d *Datapath) SetLimit(id uint32, l Limit) error {
 	d.limits = next
 	d.state = cls
 	if fresh && old != nil {
+		// A new unit or key is a new limit: its buckets and counters start over.
 		if err := d.purgeBuckets(id, old.entry.Gen); err != nil {
+			return fmt.Errorf("set limit %d: %w", id, err)
+		}
+		if err := d.clearCounters(id); err != nil {
 			return fmt.Errorf("set limit %d: %w", id, err)
 		}
 	}
@@ -139,9 +143,8 @@ func (d *Datapath) DeleteLimit(id uint32) error {
 	if err := d.objs.RlLimits.Put(id, &bpf.RatelimitRlLimit{}); err != nil {
 		return fmt.Errorf("delete limit %d: clear entry: %w", id, err)
 	}
-	zero := make([]bpf.RatelimitRlLimitCpu, d.possibleCPUs())
-	if err := d.objs.RlPercpu.Put(id, zero); err != nil {
-		return fmt.Errorf("delete limit %d: clear counters: %w", id, err)
+	if err := d.clearCounters(id); err != nil {
+		return fmt.Errorf("delete limit %d: %w", id, err)
 	}
 	if err := d.purgeBuckets(id, old.entry.Gen); err != nil {
 		return fmt.Errorf("delete limit %d: %w", id, err)
@@ -173,6 +176,14 @@ func (d *Datapath) possibleCPUs() int {
 		return d.ncpu
 	}
 	return n
+}
+
+func (d *Datapath) clearCounters(id uint32) error {
+	zero := make([]bpf.RatelimitRlLimitCpu, d.possibleCPUs())
+	if err := d.objs.RlPercpu.Put(id, zero); err != nil {
+		return fmt.Errorf("clear counters: %w", err)
+	}
+	return nil
 }
 
 func (d *Datapath) purgeBuckets(id, gen uint32) error {

@@ -130,3 +130,20 @@ func sortedIDs(ids []uint32) []uint32 {
 	slices.Sort(ids)
 	return ids
 }
+
+// Evictions is how many of a keyed limit's buckets the map has evicted to
+// make room for other keys: every bucket ever created (NewKeys +
+// ReturnedKeys) less those still live. More than a few means MaxBuckets is
+// too small for the number of live keys.
+func (d *Datapath) Evictions(id uint32) (uint64, error) {
+	st, err := d.Stats(id)
+	if err != nil {
+		return 0, err
+	}
+	bs, err := d.Buckets(id)
+	if err != nil {
+		return 0, err
+	}
+	created := st.NewKeys + st.ReturnedKeys
+	return created - min(created, uint64(len(bs))), nil
+}
