@@ -7,4 +7,6 @@ require (
 	golang.org/x/sys v0.50.0
 )
 
+require golang.org/x/time v0.16.0 // indirect
+
 tool github.com/cilium/ebpf/cmd/bpf2go

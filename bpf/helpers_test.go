@@ -126,9 +126,9 @@ type pkt struct {
 	proto   uint8
 	sport   uint16
 	dport   uint16
-	ipOpts  int      // IPv4 options, bytes (multiple of 4)
-	ext     []uint8  // IPv6 extension headers, in order (0, 43, 60, 44, 51)
-	fragOff uint16   // fragment offset in 8-byte units (IPv4 or the v6 fragment header)
+	ipOpts  int     // IPv4 options, bytes (multiple of 4)
+	ext     []uint8 // IPv6 extension headers, in order (0, 43, 60, 44, 51)
+	fragOff uint16  // fragment offset in 8-byte units (IPv4 or the v6 fragment header)
 	payload int
 }
 
