@@ -226,5 +226,5 @@ func udp4(src, dst string, dport uint16) []byte {
 // Limits used across tests.
 
 func perSecond(rate, burst uint64) maps.Limit {
-	return maps.Limit{Rate: rate, Burst: burst, Match: maps.Match{Protocol: maps.UDP, DstPorts: []maps.PortRange{{53, 53}}}}
+	return maps.Limit{Rate: rate, Burst: burst, Match: maps.Match{Protocol: maps.UDP, DstPorts: []maps.PortRange{{First: 53, Last: 53}}}}
 }

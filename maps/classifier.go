@@ -236,19 +236,10 @@ func (d *Datapath) readClassifier() (*classifier, error) {
 			return nil, fmt.Errorf("read protocol table: %w", err)
 		}
 	}
-	var (
-		k uint32
-		v mask
-	)
-	it := d.objs.RlPorts.Iterate()
-	for it.Next(&k, &v) {
-		if int(k) < len(c.ports) {
-			c.ports[k] = v
-		}
-	}
-	if err := it.Err(); err != nil {
+	if err := d.readPorts(c.ports); err != nil {
 		return nil, fmt.Errorf("read port table: %w", err)
 	}
+	var v mask
 	for _, t := range []struct {
 		m4, m6 *ebpf.Map
 		out    map[netip.Prefix]mask
@@ -360,4 +351,41 @@ func tableErr(err error) error {
 		return fmt.Errorf("%w: %w", ErrTableFull, err)
 	}
 	return err
+}
+
+// readPorts reads the whole port table, in batches where the kernel can.
+func (d *Datapath) readPorts(out []mask) error {
+	var (
+		cursor ebpf.MapBatchCursor
+		keys   = make([]uint32, 8192)
+		vals   = make([]mask, 8192)
+	)
+	for {
+		n, err := d.objs.RlPorts.BatchLookup(&cursor, keys, vals, nil)
+		for i := range n {
+			if int(keys[i]) < len(out) {
+				out[keys[i]] = vals[i]
+			}
+		}
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return nil // the end of the table
+		}
+		if errors.Is(err, ebpf.ErrNotSupported) {
+			break
+		}
+		if err != nil {
+			return err
+		}
+	}
+	var (
+		k uint32
+		v mask
+	)
+	it := d.objs.RlPorts.Iterate()
+	for it.Next(&k, &v) {
+		if int(k) < len(out) {
+			out[k] = v
+		}
+	}
+	return it.Err()
 }

@@ -103,7 +103,7 @@ func (l *Limit) Validate() error {
 	if l.Rate > 0 && l.Burst == 0 {
 		return errors.New("burst: must be at least 1 when rate is above 0")
 	}
-	if l.Rate > 0 && l.Burst/l.Rate > MaxBurstSeconds {
+	if l.Rate > 0 && l.Burst > MaxBurstSeconds*l.Rate {
 		return fmt.Errorf("burst: %d is more than %d seconds of rate %d", l.Burst, MaxBurstSeconds, l.Rate)
 	}
 	if l.Rate == 0 && l.Burst > 0 {

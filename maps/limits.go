@@ -13,8 +13,10 @@ import (
 )
 
 // vOrigin is where a new limit's virtual clock starts. A bucket that was
-// never used has v_empty 0, so it starts full as long as V >= burst.
-const vOrigin = 1 << 40
+// never used has v_empty 0, so it starts full as long as V >= burst: vOrigin
+// is above the largest burst (MaxRate x MaxBurstSeconds = 3.6e12), and V
+// stays below 2^64 for centuries at MaxRate.
+const vOrigin = 1 << 44
 
 const nsPerSec = 1_000_000_000
 
@@ -95,16 +97,25 @@ func (d *Datapath) SetLimit(id uint32, l Limit) error {
 	next[id] = &installed{limit: l, entry: e}
 	cls := buildClassifier(next, lastGen)
 
+	if err := d.checkCapacity(cls); err != nil {
+		return fmt.Errorf("set limit %d: %w", id, err)
+	}
+
 	// The entry goes first: the classifier bit that sends packets to it is
 	// set last, by apply.
+	var prev bpf.RatelimitRlLimit
+	if old != nil {
+		prev = old.entry
+	}
 	if err := d.objs.RlLimits.Put(id, &e); err != nil {
 		return fmt.Errorf("set limit %d: write entry: %w", id, err)
 	}
 	if err := d.apply(d.state, cls); err != nil {
-		// The maps may now hold part of the change; the mirror says what
-		// was asked, so the next change rewrites the rest.
-		d.limits = next
-		d.state, _ = d.readClassifier()
+		// Put back what was there, so that a failed change leaves the
+		// previous limit enforced and nothing half-set.
+		if rerr := d.rollback(id, &prev); rerr != nil {
+			return fmt.Errorf("set limit %d: %w (and rolling back: %v)", id, err, rerr)
+		}
 		return fmt.Errorf("set limit %d: %w", id, err)
 	}
 	d.limits = next
@@ -176,6 +187,42 @@ func (d *Datapath) possibleCPUs() int {
 		return d.ncpu
 	}
 	return n
+}
+
+// checkCapacity fails with ErrTableFull if cls does not fit the maps.
+func (d *Datapath) checkCapacity(cls *classifier) error {
+	for _, t := range []struct {
+		side string
+		m    map[netip.Prefix]mask
+		m4   *ebpf.Map
+		m6   *ebpf.Map
+	}{{"source", cls.src, d.objs.RlSrc4, d.objs.RlSrc6}, {"destination", cls.dst, d.objs.RlDst4, d.objs.RlDst6}} {
+		var n4, n6 uint32
+		for p := range t.m {
+			if p.Addr().Is4() {
+				n4++
+			} else {
+				n6++
+			}
+		}
+		if n4 > t.m4.MaxEntries() || n6 > t.m6.MaxEntries() {
+			return fmt.Errorf("%s prefixes: %d IPv4 and %d IPv6 over all limits, the maps hold %d and %d: %w",
+				t.side, n4, n6, t.m4.MaxEntries(), t.m6.MaxEntries(), ErrTableFull)
+		}
+	}
+	return nil
+}
+
+// rollback restores the maps to the mirror after a failed change of id.
+func (d *Datapath) rollback(id uint32, prev *bpf.RatelimitRlLimit) error {
+	cur, err := d.readClassifier()
+	if err != nil {
+		return err
+	}
+	if err := d.apply(cur, d.state); err != nil {
+		return err
+	}
+	return d.objs.RlLimits.Put(id, prev)
 }
 
 func (d *Datapath) clearCounters(id uint32) error {

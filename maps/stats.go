@@ -71,6 +71,10 @@ type Bucket struct {
 	Addr   netip.Addr // src-ip, dst-ip, src-prefix keys
 	Prefix int        // src-prefix keys: the prefix length
 	Port   uint16     // dst-port keys
+	// dst-port keys: the protocol class of the bucket (TCP, UDP, ICMP, or
+	// AnyProtocol for other protocols). Packets without a port (ICMP, other
+	// protocols, non-first fragments) share one bucket per class, Port 0.
+	Protocol Protocol
 	// Tokens in the shared pool now; tokens leased to CPU caches (at most
 	// a chunk per CPU) are not included.
 	Tokens uint64
@@ -105,6 +109,17 @@ func (d *Datapath) Buckets(id uint32) ([]Bucket, error) {
 		switch in.limit.Key {
 		case KeyDstPort:
 			b.Port = uint16(k.Addr[1])
+			switch int(k.Addr[0]) {
+			case classTCP:
+				b.Protocol = TCP
+			case classUDP:
+				b.Protocol = UDP
+			case classICMP:
+				b.Protocol = ICMP
+			}
+			if k.Addr[1] > 0xffff {
+				b.Port = 0
+			}
 		default:
 			var a [16]byte
 			for i, w := range k.Addr {

@@ -75,7 +75,9 @@ static __always_inline bool rl_lease(struct rl_pool *pool, struct rl_cache *c,
 		__u64 take;
 
 		if (avail < short_by) {
-			c->retry_ns = now + rl_accrual_ns(p, rl_min(want, p->burst) - avail);
+			/* Saturating: a share of 0 never accrues (~0). */
+			c->retry_ns = now + rl_min(rl_accrual_ns(p, rl_min(want, p->burst) - avail),
+						   ~0ULL - now);
 			c->seq = seq;
 			return false;
 		}

@@ -147,8 +147,16 @@ static __always_inline int parse_ipv6(struct cursor *c, void *end, struct pkt *p
 			return nexthdr;
 		}
 	}
-	/* More extension headers than we follow: not parsed. */
-	return -1;
+	/* The last header followed may be followed by a seventh: not parsed. */
+	switch (nexthdr) {
+	case IPPROTO_HOPOPTS:
+	case IPPROTO_ROUTING:
+	case IPPROTO_DSTOPTS:
+	case IPPROTO_AH:
+	case IPPROTO_FRAGMENT:
+		return -1;
+	}
+	return nexthdr;
 }
 
 /* Fills p from the packet. Returns 0, or -1 when the packet is not parsed
