@@ -123,6 +123,23 @@ type RatelimitRlLimitCpu struct {
 	Cache RatelimitRlCache
 }
 
+type RatelimitRlLimitMeta struct {
+	_              structs.HostLayout
+	Name           [64]int8
+	GlobalRate     uint64
+	GlobalBurst    uint64
+	Replicas       uint32
+	Local          uint32
+	ObservedUnixNs int64
+	Scope          uint8
+	Stale          uint8
+	Pad            [6]uint8
+	SnapUnixNs     int64
+	SnapAdmitted   uint64
+	SnapDropped    uint64
+	SnapShadow     uint64
+}
+
 type RatelimitRlLpm4 struct {
 	_         structs.HostLayout
 	Prefixlen uint32
@@ -200,6 +217,7 @@ const (
 	RatelimitMapRlGlobal        = "rl_global"
 	RatelimitMapRlKeyCache      = "rl_key_cache"
 	RatelimitMapRlLimits        = "rl_limits"
+	RatelimitMapRlMeta          = "rl_meta"
 	RatelimitMapRlPercpu        = "rl_percpu"
 	RatelimitMapRlPools         = "rl_pools"
 	RatelimitMapRlPorts         = "rl_ports"
@@ -281,6 +299,7 @@ type RatelimitMapSpecs struct {
 	RlGlobal     *ebpf.MapSpec `ebpf:"rl_global"`
 	RlKeyCache   *ebpf.MapSpec `ebpf:"rl_key_cache"`
 	RlLimits     *ebpf.MapSpec `ebpf:"rl_limits"`
+	RlMeta       *ebpf.MapSpec `ebpf:"rl_meta"`
 	RlPercpu     *ebpf.MapSpec `ebpf:"rl_percpu"`
 	RlPools      *ebpf.MapSpec `ebpf:"rl_pools"`
 	RlPorts      *ebpf.MapSpec `ebpf:"rl_ports"`
@@ -336,6 +355,7 @@ type RatelimitMaps struct {
 	RlGlobal     *ebpf.Map `ebpf:"rl_global"`
 	RlKeyCache   *ebpf.Map `ebpf:"rl_key_cache"`
 	RlLimits     *ebpf.Map `ebpf:"rl_limits"`
+	RlMeta       *ebpf.Map `ebpf:"rl_meta"`
 	RlPercpu     *ebpf.Map `ebpf:"rl_percpu"`
 	RlPools      *ebpf.Map `ebpf:"rl_pools"`
 	RlPorts      *ebpf.Map `ebpf:"rl_ports"`
@@ -354,6 +374,7 @@ func (m *RatelimitMaps) Close() error {
 		m.RlGlobal,
 		m.RlKeyCache,
 		m.RlLimits,
+		m.RlMeta,
 		m.RlPercpu,
 		m.RlPools,
 		m.RlPorts,

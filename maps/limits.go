@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/bits"
 	"net/netip"
+	"reflect"
 
 	"github.com/cilium/ebpf"
 
@@ -95,6 +96,15 @@ func (d *Datapath) SetLimit(id uint32, l Limit) error {
 		next[k] = v
 	}
 	next[id] = &installed{limit: l, entry: e}
+	if !fresh && reflect.DeepEqual(old.limit.Match, l.Match) {
+		// A new share, the same match: one entry to write, as fast as a
+		// count change must be.
+		if err := d.objs.RlLimits.Put(id, &e); err != nil {
+			return fmt.Errorf("set limit %d: write entry: %w", id, err)
+		}
+		d.limits = next
+		return nil
+	}
 	cls := buildClassifier(next, lastGen)
 
 	if err := d.checkCapacity(cls); err != nil {
@@ -132,6 +142,27 @@ func (d *Datapath) SetLimit(id uint32, l Limit) error {
 	return nil
 }
 
+// Check reports whether the data path could hold exactly these limits, by
+// id, without writing anything: every limit valid, every id in range, and
+// the classifier within the maps' sizes. A caller that checks a whole new
+// set first never applies half of it.
+func (d *Datapath) Check(limits map[uint32]Limit) error {
+	set := make(map[uint32]*installed, len(limits))
+	for id, l := range limits {
+		if id >= MaxLimits {
+			return fmt.Errorf("limit %d: id out of range 0..%d: %w", id, MaxLimits-1, ErrTableFull)
+		}
+		l = l.clone()
+		l.Match.SrcCIDRs = unmapAll(l.Match.SrcCIDRs)
+		l.Match.DstCIDRs = unmapAll(l.Match.DstCIDRs)
+		if err := l.Validate(); err != nil {
+			return fmt.Errorf("limit %d: %w", id, err)
+		}
+		set[id] = &installed{limit: l}
+	}
+	return d.checkCapacity(buildClassifier(set, 0))
+}
+
 // DeleteLimit removes a limit: its classifier entries, its buckets and its
 // counters.
 func (d *Datapath) DeleteLimit(id uint32) error {
@@ -156,6 +187,9 @@ func (d *Datapath) DeleteLimit(id uint32) error {
 	}
 	if err := d.clearCounters(id); err != nil {
 		return fmt.Errorf("delete limit %d: %w", id, err)
+	}
+	if err := d.objs.RlMeta.Put(id, &bpf.RatelimitRlLimitMeta{}); err != nil {
+		return fmt.Errorf("delete limit %d: clear meta: %w", id, err)
 	}
 	if err := d.purgeBuckets(id, old.entry.Gen); err != nil {
 		return fmt.Errorf("delete limit %d: %w", id, err)

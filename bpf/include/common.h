@@ -187,6 +187,25 @@ struct rl_global_stats {
 	__u64 pool_full;	/* new keys that found no room in the pool map */
 };
 
+/* What the agent knows of a limit, for `rlagent status` to read from the
+ * pins while the agent is down. Written by user space only. */
+struct rl_limit_meta {
+	char name[64];
+	__u64 global_rate;	/* units/s over all replicas */
+	__u64 global_burst;
+	__u32 replicas;		/* observed count the share was divided by */
+	__u32 local;		/* service scope: replicas on this node */
+	__s64 observed_unix_ns;	/* when the count was last confirmed; 0: never */
+	__u8 scope;		/* 0 static, 1 file, 2 nodes, 3 service */
+	__u8 stale;		/* the count source failed on its last read */
+	__u8 pad[6];
+	/* Counters at the agent's last snapshot, for per-second rates. */
+	__s64 snap_unix_ns;
+	__u64 snap_admitted;
+	__u64 snap_dropped;
+	__u64 snap_shadow;
+};
+
 struct rl_test_clock {
 	__u64 now;
 	__u64 step;		/* added to now before each packet */

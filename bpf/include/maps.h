@@ -152,4 +152,14 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } rl_global SEC(".maps");
 
+/* limit id -> struct rl_limit_meta. Never read by the data path: it is
+ * pinned with the other maps so that status works while the agent is down. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, RL_MAX_LIMITS);
+	__type(key, __u32);
+	__type(value, struct rl_limit_meta);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} rl_meta SEC(".maps");
+
 #endif /* RL_MAPS_H */

@@ -1,0 +1,14 @@
+// Package watcher turns a source of replica counts into observations the
+// agent divides limits by.
+//
+// A Source reports, per limit, the latest Observation: how many replicas
+// share the limit (and, for the service scope, how many of them are on this
+// node), when that was last confirmed, and the last error reading it. The
+// last good observation is state, not a cache entry: an error, a timeout or a
+// missing file never resets a count. Only its age grows, and callers report
+// that age.
+//
+// Sources here: Static (a fixed count) and File (one integer in a file,
+// polled). The Kubernetes sources (EndpointSlices, the agents' DaemonSet)
+// implement the same interface.
+package watcher
