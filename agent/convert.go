@@ -1,0 +1,105 @@
+package agent
+
+import (
+	"fmt"
+	"net/netip"
+
+	"github.com/rlagent/rlagent/api/v1alpha1"
+	"github.com/rlagent/rlagent/maps"
+)
+
+// toMapsLimit turns a validated spec and this node's share into the data
+// path's limit.
+func toMapsLimit(spec *v1alpha1.RateLimitSpec, share Share) (maps.Limit, error) {
+	l := maps.Limit{Rate: share.Rate, Burst: share.Burst}
+	if l.Rate == 0 {
+		l.Burst = 0 // a share of 0 admits nothing
+	}
+	if l.Rate > maps.MaxRate {
+		return maps.Limit{}, fmt.Errorf("rate: node share %d is above the data path's maximum of %d units/s per node", l.Rate, maps.MaxRate)
+	}
+	switch spec.Unit {
+	case v1alpha1.UnitBytes:
+		l.Unit = maps.Bytes
+	case v1alpha1.UnitPackets, "":
+		l.Unit = maps.Packets
+	default:
+		return maps.Limit{}, fmt.Errorf("unit: %q is not supported by the data path", spec.Unit)
+	}
+	switch spec.Action {
+	case v1alpha1.ActionShadow:
+		l.Action = maps.Shadow
+	case v1alpha1.ActionDrop, "":
+		l.Action = maps.Drop
+	default:
+		return maps.Limit{}, fmt.Errorf("action: %q is not supported by the data path", spec.Action)
+	}
+	switch spec.Key {
+	case v1alpha1.KeyNone, "":
+		l.Key = maps.KeyNone
+	case v1alpha1.KeySrcIP:
+		l.Key = maps.KeySrcIP
+	case v1alpha1.KeyDstIP:
+		l.Key = maps.KeyDstIP
+	case v1alpha1.KeyDstPort:
+		l.Key = maps.KeyDstPort
+	case v1alpha1.KeySrcPrefix:
+		l.Key = maps.KeySrcPrefix
+		l.Prefix4, l.Prefix6 = 24, 64
+		if p := spec.PrefixLength; p != nil {
+			if p.IPv4 != 0 {
+				l.Prefix4 = p.IPv4
+			}
+			if p.IPv6 != 0 {
+				l.Prefix6 = p.IPv6
+			}
+		}
+	default:
+		return maps.Limit{}, fmt.Errorf("key: %q is not supported by the data path", spec.Key)
+	}
+
+	m := &spec.Match
+	switch m.Direction {
+	case v1alpha1.DirectionIngress, "":
+		l.Match.Direction = maps.Ingress
+	case v1alpha1.DirectionEgress:
+		l.Match.Direction = maps.Egress
+	}
+	switch m.Protocol {
+	case v1alpha1.ProtocolTCP:
+		l.Match.Protocol = maps.TCP
+	case v1alpha1.ProtocolUDP:
+		l.Match.Protocol = maps.UDP
+	case v1alpha1.ProtocolICMP:
+		l.Match.Protocol = maps.ICMP
+	default:
+		l.Match.Protocol = maps.AnyProtocol
+	}
+	for i, s := range m.DstPorts {
+		first, last, err := v1alpha1.ParsePortRange(s)
+		if err != nil {
+			return maps.Limit{}, fmt.Errorf("match.dstPorts[%d]: %w", i, err)
+		}
+		l.Match.DstPorts = append(l.Match.DstPorts, maps.PortRange{First: first, Last: last})
+	}
+	var err error
+	if l.Match.SrcCIDRs, err = prefixes("match.srcCIDRs", m.SrcCIDRs); err != nil {
+		return maps.Limit{}, err
+	}
+	if l.Match.DstCIDRs, err = prefixes("match.dstCIDRs", m.DstCIDRs); err != nil {
+		return maps.Limit{}, err
+	}
+	return l, nil
+}
+
+func prefixes(field string, in []string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for i, s := range in {
+		p, err := v1alpha1.ParseCIDR(s)
+		if err != nil {
+			return nil, fmt.Errorf("%s[%d]: %w", field, i, err)
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}

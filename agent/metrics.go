@@ -1,0 +1,87 @@
+package agent
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/rlagent/rlagent/maps"
+)
+
+// DefaultMetricsAddress is where the agent serves /metrics unless told
+// otherwise: loopback, on a port no Prometheus component uses by default.
+const DefaultMetricsAddress = "127.0.0.1:9478"
+
+func desc(name, help string, labels ...string) *prometheus.Desc {
+	return prometheus.NewDesc("rlagent_"+name, help, labels, nil)
+}
+
+var (
+	descAdmittedPackets = desc("limit_admitted_packets_total", "Packets admitted by the limit, summed over CPUs.", "limit")
+	descAdmittedBytes   = desc("limit_admitted_bytes_total", "Frame bytes admitted by the limit.", "limit")
+	descDroppedPackets  = desc("limit_dropped_packets_total", "Packets the limit dropped.", "limit")
+	descDroppedBytes    = desc("limit_dropped_bytes_total", "Frame bytes the limit dropped.", "limit")
+	descShadowPackets   = desc("limit_shadow_dropped_packets_total", "Packets a shadow limit would have dropped (passed).", "limit")
+	descShadowBytes     = desc("limit_shadow_dropped_bytes_total", "Frame bytes a shadow limit would have dropped (passed).", "limit")
+	descShare           = desc("limit_share_rate", "This node's share of the limit, units per second.", "limit", "unit")
+	descShareBurst      = desc("limit_share_burst", "This node's share of the burst, units.", "limit", "unit")
+	descGlobalRate      = desc("limit_global_rate", "The limit's global rate over all replicas, units per second.", "limit", "unit")
+	descReplicas        = desc("limit_observed_replicas", "The replica count the global rate is divided by.", "limit", "scope")
+	descAge             = desc("limit_observation_age_seconds", "Age of the replica count; grows while the count source is unreachable.", "limit", "scope")
+	descStale           = desc("limit_observation_stale", "1 while the count source's last read failed and the last good count stands.", "limit", "scope")
+	descKeys            = desc("limit_keys", "Live buckets of a keyed limit.", "limit")
+	descNewKeys         = desc("limit_new_keys_total", "Buckets created for keys seen for the first time.", "limit")
+	descEvictions       = desc("limit_evictions_total", "Buckets evicted to make room for other keys: the bucket map is too small if this grows.", "limit")
+	descMatchOverflow   = desc("datapath_match_overflow_total", "Packets that matched more limits than the data path enforces on one packet.")
+	descPoolFull        = desc("datapath_pool_full_total", "New keys that found no room in the bucket map and were passed unlimited.")
+	descLeaseContended  = desc("datapath_lease_contended_total", "Leases that gave up on a contended bucket (the packet was rejected).")
+)
+
+// collector reads the data path on every scrape.
+type collector struct {
+	read func() ([]LimitStatus, maps.GlobalStats, error)
+}
+
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descAdmittedPackets, descAdmittedBytes, descDroppedPackets, descDroppedBytes,
+		descShadowPackets, descShadowBytes, descShare, descShareBurst, descGlobalRate, descReplicas, descAge, descStale,
+		descKeys, descNewKeys, descEvictions, descMatchOverflow, descPoolFull, descLeaseContended} {
+		ch <- d
+	}
+}
+
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	limits, g, err := c.read()
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(descAdmittedPackets, err)
+		return
+	}
+	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	for _, l := range limits {
+		counter(descAdmittedPackets, l.Totals.AdmittedPackets, l.Name)
+		counter(descAdmittedBytes, l.Totals.AdmittedBytes, l.Name)
+		counter(descDroppedPackets, l.Totals.DroppedPackets, l.Name)
+		counter(descDroppedBytes, l.Totals.DroppedBytes, l.Name)
+		counter(descShadowPackets, l.Totals.ShadowPackets, l.Name)
+		counter(descShadowBytes, l.Totals.ShadowBytes, l.Name)
+		gauge(descShare, float64(l.ShareRate), l.Name, l.Unit)
+		gauge(descShareBurst, float64(l.ShareBurst), l.Name, l.Unit)
+		gauge(descGlobalRate, float64(l.GlobalRate), l.Name, l.Unit)
+		gauge(descReplicas, float64(l.Replicas), l.Name, l.Scope)
+		gauge(descAge, max(l.ObservationAge, 0), l.Name, l.Scope)
+		stale := 0.0
+		if l.Stale {
+			stale = 1
+		}
+		gauge(descStale, stale, l.Name, l.Scope)
+		gauge(descKeys, float64(l.Keys), l.Name)
+		counter(descNewKeys, l.Totals.NewKeys, l.Name)
+		counter(descEvictions, l.Evictions, l.Name)
+	}
+	counter(descMatchOverflow, g.MatchOverflow)
+	counter(descPoolFull, g.PoolFull)
+	counter(descLeaseContended, g.LeaseContended)
+}

@@ -1,0 +1,132 @@
+package agent
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/rlagent/rlagent/maps"
+)
+
+// Scopes as recorded in the pinned metadata.
+var scopeNames = []string{"static", "file", "nodes", "service"}
+
+func scopeName(s uint8) string {
+	if int(s) < len(scopeNames) {
+		return scopeNames[s]
+	}
+	return fmt.Sprintf("scope(%d)", s)
+}
+
+// LimitStatus is one limit as `rlagent status` and the metrics show it.
+type LimitStatus struct {
+	Name        string `json:"name"`
+	ID          uint32 `json:"id"`
+	Scope       string `json:"scope"`
+	Unit        string `json:"unit"`
+	Action      string `json:"action"`
+	GlobalRate  uint64 `json:"globalRate"`
+	GlobalBurst uint64 `json:"globalBurst"`
+	// Replicas is the observed count the global rate is divided by.
+	Replicas uint32 `json:"replicas"`
+	Local    uint32 `json:"local,omitempty"`
+	// ObservationAge is how old the count is, in seconds; -1 if the
+	// count source never confirmed it (a static count does not age: 0).
+	ObservationAge float64 `json:"observationAgeSeconds"`
+	Stale          bool    `json:"stale"`
+	ShareRate      uint64  `json:"shareRate"`
+	ShareBurst     uint64  `json:"shareBurst"`
+	Keys           int     `json:"keys"`
+	Evictions      uint64  `json:"evictions"`
+
+	Totals maps.Stats `json:"totals"`
+	// Per second over Interval, since the agent's last snapshot.
+	AdmittedPerSecond float64 `json:"admittedPerSecond"`
+	DroppedPerSecond  float64 `json:"droppedPerSecond"`
+	ShadowPerSecond   float64 `json:"shadowPerSecond"`
+	Interval          float64 `json:"intervalSeconds"`
+}
+
+// readStatus reads every limit of d. now is the wall clock.
+func readStatus(d *maps.Datapath, now time.Time) ([]LimitStatus, error) {
+	keys, err := d.KeyCounts()
+	if err != nil {
+		return nil, err
+	}
+	var out []LimitStatus
+	for _, id := range d.IDs() {
+		l, err := d.Limit(id)
+		if err != nil {
+			return nil, err
+		}
+		m, err := d.Meta(id)
+		if err != nil {
+			return nil, err
+		}
+		st, err := d.Stats(id)
+		if err != nil {
+			return nil, err
+		}
+		s := LimitStatus{
+			Name:        m.Name,
+			ID:          id,
+			Scope:       scopeName(m.Scope),
+			Unit:        l.Unit.String(),
+			Action:      l.Action.String(),
+			GlobalRate:  m.GlobalRate,
+			GlobalBurst: m.GlobalBurst,
+			Replicas:    m.Replicas,
+			Local:       m.Local,
+			Stale:       m.Stale,
+			ShareRate:   l.Rate,
+			ShareBurst:  l.Burst,
+			Keys:        keys[id],
+			Totals:      st,
+		}
+		if s.Name == "" {
+			s.Name = fmt.Sprintf("limit-%d", id)
+		}
+		switch {
+		case !m.Observed.IsZero():
+			s.ObservationAge = max(now.Sub(m.Observed).Seconds(), 0)
+		case m.Scope == 0:
+			s.ObservationAge = 0
+		default:
+			s.ObservationAge = -1
+		}
+		if l.Key != maps.KeyNone {
+			created := st.NewKeys + st.ReturnedKeys
+			s.Evictions = created - min(created, uint64(keys[id]))
+		}
+		if !m.SnapAt.IsZero() {
+			if dt := now.Sub(m.SnapAt).Seconds(); dt > 0 {
+				s.Interval = dt
+				s.AdmittedPerSecond = float64(st.AdmittedPackets-min(st.AdmittedPackets, m.SnapAdmitted)) / dt
+				s.DroppedPerSecond = float64(st.DroppedPackets-min(st.DroppedPackets, m.SnapDropped)) / dt
+				s.ShadowPerSecond = float64(st.ShadowPackets-min(st.ShadowPackets, m.SnapShadow)) / dt
+			}
+		}
+		out = append(out, s)
+	}
+	slices.SortFunc(out, func(a, b LimitStatus) int {
+		if a.Name < b.Name {
+			return -1
+		}
+		if a.Name > b.Name {
+			return 1
+		}
+		return 0
+	})
+	return out, nil
+}
+
+// ReadStatus reads the status of every limit from the maps pinned in
+// pinDir. It loads no program and works while the agent is down.
+func ReadStatus(pinDir string) ([]LimitStatus, error) {
+	d, err := maps.OpenPinned(pinDir)
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	return readStatus(d, time.Now())
+}

@@ -1,0 +1,371 @@
+package v1alpha1
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"math"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strconv"
+	"strings"
+
+	yamlv2 "go.yaml.in/yaml/v2"
+)
+
+// LoadConfig reads the config file at path with ParseConfig.
+func LoadConfig(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("load config: %w", err)
+	}
+	c, err := ParseConfig(data)
+	if err != nil {
+		return nil, wrap("load config "+path, err)
+	}
+	return c, nil
+}
+
+// ParseConfig reads a config file's contents strictly (see DecodeConfig),
+// applies the defaults and validates the result. It returns either a config
+// the agent can run or every problem found.
+func ParseConfig(data []byte) (*Config, error) {
+	c, err := DecodeConfig(data)
+	if err != nil {
+		return nil, err
+	}
+	c.Default()
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// DecodeConfig reads a config file's contents strictly and nothing more: no
+// defaults, no validation. It is the config as written, for a tool that edits
+// the file (rlagent limits set) without writing every default into it.
+//
+// Strictly means: a YAML syntax error or a duplicate key is an error, and so
+// is an unknown field (field names are case-sensitive) and a value of the
+// wrong kind, each a *FieldError naming the field by its path. A number where
+// a string belongs is taken as its text (dstPorts: [53]); a bare yes, no, on
+// or off is an error there, because YAML reads it as a boolean: quote it
+// ("off").
+func DecodeConfig(data []byte) (*Config, error) {
+	// Syntax and duplicate keys. The error says "yaml: line N: ...".
+	var strict any
+	if err := yamlv2.UnmarshalStrict(data, &strict); err != nil {
+		return nil, err
+	}
+	// The same document with its mappings in order, so that the problems are
+	// reported in the order of the file.
+	var tree yamlv2.MapSlice
+	if err := yamlv2.Unmarshal(data, &tree); err != nil {
+		return nil, &FieldError{Field: "config", Detail: "expected a mapping of fields (interfaces:, limits:, ...)"}
+	}
+	// Check the shape against the types and convert the tree to JSON values.
+	// This does what sigs.k8s.io/yaml does, with the field's full path in
+	// every error; sigs.k8s.io/yaml (v1.6.0) also matches field names
+	// case-insensitively, and does not turn a number into a string below an
+	// inline struct (Limit embeds RateLimitSpec), so dstPorts: [53] would fail.
+	j, el := toJSON(tree, reflect.TypeFor[Config](), "")
+	if len(el) > 0 {
+		return nil, errors.Join(el...)
+	}
+	buf, err := json.Marshal(j)
+	if err != nil {
+		return nil, fmt.Errorf("decode config: %w", err)
+	}
+	d := json.NewDecoder(bytes.NewReader(buf))
+	d.DisallowUnknownFields()
+	var c Config
+	if err := d.Decode(&c); err != nil {
+		// toJSON has checked every field and kind; this is a bug.
+		return nil, fmt.Errorf("decode config: %w", err)
+	}
+	return &c, nil
+}
+
+// Marshal writes the config as YAML, each mapping's fields in the order of
+// the Go types (a limit starts with its name). Optional fields left empty
+// are left out. The comments of a file that was read are not kept.
+func (c *Config) Marshal() ([]byte, error) {
+	j, err := json.Marshal(c)
+	if err != nil {
+		return nil, fmt.Errorf("marshal config: %w", err)
+	}
+	// sigs.k8s.io/yaml would sort the keys; a MapSlice keeps the order
+	// encoding/json wrote them in.
+	var ms yamlv2.MapSlice
+	if err := yamlv2.Unmarshal(j, &ms); err != nil {
+		return nil, fmt.Errorf("marshal config: %w", err)
+	}
+	out, err := yamlv2.Marshal(ms)
+	if err != nil {
+		return nil, fmt.Errorf("marshal config: %w", err)
+	}
+	return out, nil
+}
+
+// WriteConfigAtomic replaces the config file at path with c if c is valid.
+// It marshals c and checks that the result loads with ParseConfig (the code
+// the agent runs), then writes it to a temporary file in the same directory,
+// syncs it and renames it over path: a reader sees the old file or the new
+// one, never a part. The file keeps its permission bits (a new file gets
+// 0644); if path is a symbolic link, the file it points to is replaced. On
+// any error the old file is left as it was and no temporary file remains.
+//
+// c is written as it is: a config from DecodeConfig keeps its defaults
+// implicit.
+func WriteConfigAtomic(path string, c *Config) (err error) {
+	data, err := c.Marshal()
+	if err != nil {
+		return fmt.Errorf("write config %s: %w", path, err)
+	}
+	if _, err := ParseConfig(data); err != nil {
+		return wrap("write config "+path, err)
+	}
+	target, mode := path, fs.FileMode(0o644)
+	resolved, err := filepath.EvalSymlinks(path)
+	switch {
+	case err == nil:
+		target = resolved
+		fi, err := os.Stat(target)
+		if err != nil {
+			return fmt.Errorf("write config: %w", err)
+		}
+		mode = fi.Mode().Perm()
+	case !errors.Is(err, fs.ErrNotExist):
+		return fmt.Errorf("write config: %w", err)
+	}
+	dir := filepath.Dir(target)
+	f, err := os.CreateTemp(dir, "."+filepath.Base(target)+".tmp-*")
+	if err != nil {
+		return fmt.Errorf("write config: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			f.Close()
+			os.Remove(f.Name())
+			err = fmt.Errorf("write config %s: %w", path, err)
+		}
+	}()
+	if err := f.Chmod(mode); err != nil {
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(f.Name(), target); err != nil {
+		return err
+	}
+	// The rename is durable once the directory is synced. The new file is in
+	// place whatever happens here, so a failure is not reported.
+	if d, err := os.Open(dir); err == nil {
+		d.Sync()
+		d.Close()
+	}
+	return nil
+}
+
+// wrap prefixes err with what was being done; several joined errors go one
+// to a line under a count.
+func wrap(doing string, err error) error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok && len(j.Unwrap()) > 1 {
+		return fmt.Errorf("%s: %d errors:\n%w", doing, len(j.Unwrap()), err)
+	}
+	return fmt.Errorf("%s: %w", doing, err)
+}
+
+// toJSON checks a decoded YAML value against the Go type it will be decoded
+// into (field names, and the kind of every value) and converts it to a value
+// encoding/json marshals: mappings to map[string]any, numbers where a string
+// belongs to their text, whole floats (2e4) to integers.
+func toJSON(v any, t reflect.Type, path string) (any, []error) {
+	if v == nil {
+		return nil, nil // null: the field keeps its zero value
+	}
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	at := path
+	if at == "" {
+		at = "config"
+	}
+	switch t.Kind() {
+	case reflect.Struct:
+		ms, ok := v.(yamlv2.MapSlice)
+		if !ok {
+			return nil, []error{wrongKind(at, "a mapping", v)}
+		}
+		names, types := jsonFields(t)
+		var el []error
+		out := make(map[string]any, len(ms))
+		for _, item := range ms {
+			key, ok := item.Key.(string)
+			if !ok {
+				el = append(el, &FieldError{Field: at, Detail: fmt.Sprintf("key %v is not a field name", item.Key)})
+				continue
+			}
+			ft, ok := types[key]
+			if !ok {
+				el = append(el, unknownField(field(path, key), key, names))
+				continue
+			}
+			fv, fel := toJSON(item.Value, ft, field(path, key))
+			out[key] = fv
+			el = append(el, fel...)
+		}
+		return out, el
+	case reflect.Slice:
+		list, ok := v.([]any)
+		if !ok {
+			return nil, []error{wrongKind(at, "a list", v)}
+		}
+		var el []error
+		out := make([]any, len(list))
+		for i, e := range list {
+			var eel []error
+			out[i], eel = toJSON(e, t.Elem(), index(path, i))
+			el = append(el, eel...)
+		}
+		return out, el
+	case reflect.String:
+		switch x := v.(type) {
+		case string:
+			return x, nil
+		case int, int64, uint64:
+			return fmt.Sprint(x), nil
+		case float64:
+			return strconv.FormatFloat(x, 'g', -1, 64), nil
+		case bool:
+			return nil, []error{&FieldError{Field: at, Detail: "YAML reads this unquoted value as a boolean (yes, no, on, off, true, false): quote it"}}
+		}
+		return nil, []error{wrongKind(at, "a string", v)}
+	case reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64, reflect.Int,
+		reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uint:
+		n, err := checkInteger(at, v, t)
+		if err != nil {
+			return nil, []error{err}
+		}
+		return n, nil
+	}
+	// No field of the config has another kind; a new one needs a case above.
+	return nil, []error{&FieldError{Field: at, Detail: fmt.Sprintf("cannot decode into %s", t)}}
+}
+
+// checkInteger checks that v is a whole number that fits the integer type t
+// and returns it as an int64 or a uint64.
+func checkInteger(at string, v any, t reflect.Type) (any, error) {
+	var neg bool
+	var mag uint64
+	switch x := v.(type) {
+	case int:
+		neg, mag = x < 0, absInt(int64(x))
+	case int64:
+		neg, mag = x < 0, absInt(x)
+	case uint64:
+		mag = x
+	case float64:
+		if x != math.Trunc(x) || math.Abs(x) >= 1<<64 {
+			return nil, &FieldError{Field: at, Detail: fmt.Sprintf("%v is not a whole number", x)}
+		}
+		neg, mag = x < 0, uint64(math.Abs(x))
+	default:
+		return nil, wrongKind(at, "a whole number", v)
+	}
+	z := reflect.New(t).Elem()
+	var fits bool
+	var lo, hi string
+	if z.CanUint() {
+		fits = !neg && !z.OverflowUint(mag)
+		lo, hi = "0", fmt.Sprint(uint64(1)<<t.Bits()-1)
+	} else {
+		fits = mag <= math.MaxInt64 && !z.OverflowInt(signed(neg, mag))
+		lo, hi = fmt.Sprint(-int64(1)<<(t.Bits()-1)), fmt.Sprint(int64(1)<<(t.Bits()-1)-1)
+	}
+	if !fits {
+		return nil, &FieldError{Field: at, Detail: fmt.Sprintf("%v is out of range %s..%s", v, lo, hi)}
+	}
+	if neg {
+		return signed(neg, mag), nil
+	}
+	return mag, nil
+}
+
+func absInt(x int64) uint64 {
+	if x < 0 {
+		return uint64(-(x + 1)) + 1
+	}
+	return uint64(x)
+}
+
+func signed(neg bool, mag uint64) int64 {
+	if neg {
+		return -int64(mag)
+	}
+	return int64(mag)
+}
+
+func wrongKind(at, want string, v any) error {
+	var got string
+	switch x := v.(type) {
+	case yamlv2.MapSlice:
+		got = "a mapping"
+	case []any:
+		got = "a list"
+	case string:
+		got = fmt.Sprintf("the string %q", x)
+	case bool:
+		got = fmt.Sprintf("the boolean %v", x)
+	default:
+		got = fmt.Sprintf("%v", x)
+	}
+	return &FieldError{Field: at, Detail: fmt.Sprintf("expected %s, got %s", want, got)}
+}
+
+func unknownField(at, key string, names []string) error {
+	for _, n := range names {
+		if strings.EqualFold(n, key) {
+			return &FieldError{Field: at, Detail: fmt.Sprintf("unknown field: field names are case-sensitive, did you mean %s?", n)}
+		}
+	}
+	return &FieldError{Field: at, Detail: "unknown field; valid fields: " + strings.Join(names, ", ")}
+}
+
+// jsonFields lists the JSON field names of struct type t, in order, as
+// encoding/json sees them (the fields of an embedded struct without a name
+// are promoted), with their types.
+func jsonFields(t reflect.Type) ([]string, map[string]reflect.Type) {
+	var names []string
+	types := make(map[string]reflect.Type)
+	for i := range t.NumField() {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		switch {
+		case name == "-" || !f.IsExported():
+			continue
+		case f.Anonymous && name == "" && f.Type.Kind() == reflect.Struct:
+			n, ts := jsonFields(f.Type)
+			names = append(names, n...)
+			for k, v := range ts {
+				types[k] = v
+			}
+			continue
+		case name == "":
+			name = f.Name
+		}
+		names = append(names, name)
+		types[name] = f.Type
+	}
+	return names, types
+}

@@ -1,0 +1,96 @@
+package v1alpha1
+
+// Defaults and bounds. They are the values the field comments and
+// docs/config.md state.
+const (
+	DefaultPinDir         = "/sys/fs/bpf/rlagent"
+	DefaultMetricsAddress = "127.0.0.1:9478"
+	// MetricsOff as the metrics address serves no metrics.
+	MetricsOff = "off"
+
+	DefaultMaxBuckets = 65536
+	MinMaxBuckets     = 1024
+	MaxMaxBuckets     = 1 << 24
+
+	DefaultStaticCount = 1
+
+	// MaxGlobalRate bounds a limit's rate over all replicas. (The data path
+	// bounds the node share separately, at a lower value.)
+	MaxGlobalRate = 1_000_000_000_000
+	// MaxBurstSeconds bounds burst / rate; it is the data path's
+	// RL_MAX_BURST_SECONDS (a test checks they agree).
+	MaxBurstSeconds = 3600
+
+	DefaultPrefixLengthIPv4 = 24
+	DefaultPrefixLengthIPv6 = 64
+)
+
+// Default applies every default of the file: its own and each limit's.
+// It is idempotent, and it sets only fields that are empty.
+func (c *Config) Default() {
+	if c.PinDir == "" {
+		c.PinDir = DefaultPinDir
+	}
+	if c.MetricsAddress == "" {
+		c.MetricsAddress = DefaultMetricsAddress
+	}
+	if c.MaxBuckets == 0 {
+		c.MaxBuckets = DefaultMaxBuckets
+	}
+	if c.Count.Static == nil && c.Count.File == "" {
+		n := int32(DefaultStaticCount)
+		c.Count.Static = &n
+	}
+	for i := range c.Limits {
+		c.Limits[i].Default()
+	}
+}
+
+// Default applies every default of a limit. It is idempotent, and it sets
+// only fields that are empty.
+//
+// Burst is the exception: its default follows Rate, so it stays unset here
+// and EffectiveBurst computes it whenever it is read. That way a config
+// edited by `rlagent limits set NAME --rate R` keeps a burst that follows the
+// new rate instead of a stale number written by an earlier Default.
+func (s *RateLimitSpec) Default() {
+	if s.Unit == "" {
+		s.Unit = UnitPackets
+	}
+	if s.Match.Direction == "" {
+		s.Match.Direction = DirectionIngress
+	}
+	if s.Match.Protocol == "" {
+		s.Match.Protocol = ProtocolAny
+	}
+	if s.Key == "" {
+		s.Key = KeyNone
+	}
+	if s.Key == KeySrcPrefix {
+		if s.PrefixLength == nil {
+			s.PrefixLength = &PrefixLength{}
+		}
+		if s.PrefixLength.IPv4 == 0 {
+			s.PrefixLength.IPv4 = DefaultPrefixLengthIPv4
+		}
+		if s.PrefixLength.IPv6 == 0 {
+			s.PrefixLength.IPv6 = DefaultPrefixLengthIPv6
+		}
+	}
+	if s.Scope == "" {
+		// The file's default; the custom resource will have to set scope.
+		s.Scope = ScopeStatic
+	}
+	if s.Action == "" {
+		s.Action = ActionDrop
+	}
+}
+
+// EffectiveBurst is the global burst: Burst when set, else Rate/10 and at
+// least 1.
+func (s *RateLimitSpec) EffectiveBurst() uint64 {
+	if s.Burst != nil {
+		return *s.Burst
+	}
+	return max(s.Rate/10, 1)
+}

@@ -1,0 +1,223 @@
+package v1alpha1
+
+// Config is the agent's config file (rlagent run --config FILE).
+type Config struct {
+	// Interfaces are the network interfaces the XDP program attaches to.
+	// (Required) At least one; each a Linux interface name, listed once.
+	Interfaces []string `json:"interfaces"`
+
+	// PinDir is the directory on a BPF filesystem where maps and links are
+	// pinned, so that enforcement survives a restart of the agent.
+	// (Optional) An absolute path; default /sys/fs/bpf/rlagent.
+	PinDir string `json:"pinDir,omitempty"`
+
+	// MetricsAddress is the host:port that serves Prometheus metrics, or
+	// "off" to serve none.
+	// (Optional) Default "127.0.0.1:9478". Never empty after defaulting.
+	MetricsAddress string `json:"metricsAddress,omitempty"`
+
+	// MaxBuckets is how many keyed buckets (one per key of a limit keyed by
+	// src-ip, dst-ip, src-prefix or dst-port) the node holds at once; beyond
+	// it the least recently used key is evicted.
+	// (Optional) 1024..16777216; default 65536.
+	MaxBuckets uint32 `json:"maxBuckets,omitempty"`
+
+	// Count is where the replica count comes from: the number of enforcers
+	// that share each limit's global rate on one host, without Kubernetes.
+	// (Optional) Default static: 1.
+	Count CountSource `json:"count,omitzero"`
+
+	// Limits are the rate limits to enforce.
+	// (Optional) May be empty; names are unique.
+	Limits []Limit `json:"limits,omitempty"`
+}
+
+// CountSource says where the replica count comes from. Exactly one field is
+// set. A count of 0 is accepted and treated as 1 by the agent (a count below 1
+// always is, so that a limit never divides by zero).
+type CountSource struct {
+	// Static is a fixed count.
+	// (Optional) 0 or more; default 1 when File is empty.
+	Static *int32 `json:"static,omitempty"`
+
+	// File is the absolute path of a file that holds one integer, the count.
+	// The agent watches it; a missing, empty or malformed file keeps the last
+	// count.
+	// (Optional) No default.
+	File string `json:"file,omitempty"`
+}
+
+// Limit is a named RateLimitSpec, as listed in the config file. (In the
+// custom resource the name is the object's name.)
+type Limit struct {
+	// Name identifies the limit in the CLI, status and metrics.
+	// (Required) 1..63 lowercase letters, digits and '-', starting and ending
+	// with a letter or digit; unique in the file.
+	Name string `json:"name"`
+
+	RateLimitSpec `json:",inline"`
+}
+
+// RateLimitSpec is one global rate limit: the rate over all replicas, which
+// packets it applies to, how it splits them into buckets, and what happens to
+// a packet when its bucket is empty.
+type RateLimitSpec struct {
+	// Rate is the global rate, in units per second over all replicas; each
+	// node enforces its share.
+	// (Required) 1..1000000000000.
+	Rate uint64 `json:"rate"`
+
+	// Unit is what one token is worth.
+	// (Optional) packets | bytes; default packets. (connections is reserved
+	// and rejected as not supported yet.)
+	Unit Unit `json:"unit,omitempty"`
+
+	// Burst is the global bucket size in units, divided over replicas like
+	// the rate.
+	// (Optional) At least 1 and at most 3600 seconds of Rate; default
+	// Rate/10, at least 1. The default follows Rate, so Default leaves Burst
+	// unset and EffectiveBurst computes it.
+	Burst *uint64 `json:"burst,omitempty"`
+
+	// Match selects the packets the limit applies to.
+	// (Required) The key must be present; every field in it is optional and
+	// an empty match applies to every ingress packet.
+	Match Match `json:"match"`
+
+	// Key is how the limit splits traffic into buckets: one bucket for the
+	// whole limit, or one per source address, destination address, source
+	// prefix or destination port. Each bucket gets the whole rate.
+	// (Optional) none | src-ip | dst-ip | src-prefix | dst-port; default none.
+	Key Key `json:"key,omitempty"`
+
+	// PrefixLength is the prefix that groups source addresses into one
+	// bucket with key src-prefix.
+	// (Optional) Only with key src-prefix; default ipv4 24, ipv6 64.
+	PrefixLength *PrefixLength `json:"prefixLength,omitempty"`
+
+	// Scope is how the global rate is divided among replicas.
+	// (Optional in the file, default static; Required in Kubernetes.)
+	// static | nodes | service. In the file (no Kubernetes) only static.
+	Scope Scope `json:"scope,omitempty"`
+
+	// Action is what happens to a packet whose bucket is empty.
+	// (Optional) drop | shadow | pace; default drop. pace is for egress only
+	// and not supported yet.
+	Action Action `json:"action,omitempty"`
+}
+
+// Match selects packets. Each field narrows the match; an empty list matches
+// anything.
+type Match struct {
+	// Direction is the hook the limit applies at.
+	// (Optional) ingress | egress; default ingress. egress is not supported
+	// yet.
+	Direction Direction `json:"direction,omitempty"`
+
+	// Protocol is the L4 protocol (icmp covers ICMP and ICMPv6).
+	// (Optional) any | tcp | udp | icmp; default any.
+	Protocol Protocol `json:"protocol,omitempty"`
+
+	// DstPorts are destination ports, each "53" or an inclusive range
+	// "8000-8080". With protocol any they restrict TCP and UDP packets, and
+	// other protocols do not match.
+	// (Optional) Only with protocol tcp, udp or any. Ports 0..65535.
+	DstPorts []string `json:"dstPorts,omitempty"`
+
+	// SrcCIDRs are source networks, IPv4 or IPv6; a bare address means /32
+	// or /128.
+	// (Optional)
+	SrcCIDRs []string `json:"srcCIDRs,omitempty"`
+
+	// DstCIDRs are destination networks, as SrcCIDRs.
+	// (Optional)
+	DstCIDRs []string `json:"dstCIDRs,omitempty"`
+
+	// Service is a Kubernetes Service, "namespace/name"; the watcher fills in
+	// its local endpoints.
+	// (Optional) Only with scope service, which requires it.
+	Service string `json:"service,omitempty"`
+}
+
+// PrefixLength is the source prefix length per address family.
+type PrefixLength struct {
+	// IPv4 is the IPv4 prefix length.
+	// (Optional) 1..32; default 24.
+	IPv4 uint8 `json:"ipv4,omitempty"`
+
+	// IPv6 is the IPv6 prefix length.
+	// (Optional) 1..128; default 64.
+	IPv6 uint8 `json:"ipv6,omitempty"`
+}
+
+// Unit is what one token is worth.
+type Unit string
+
+const (
+	UnitPackets Unit = "packets"
+	UnitBytes   Unit = "bytes"
+	// UnitConnections (TCP SYN without ACK) is reserved: validation rejects
+	// it as not supported yet.
+	UnitConnections Unit = "connections"
+)
+
+// Key is how a limit splits its traffic into buckets.
+type Key string
+
+const (
+	KeyNone      Key = "none"
+	KeySrcIP     Key = "src-ip"
+	KeyDstIP     Key = "dst-ip"
+	KeySrcPrefix Key = "src-prefix"
+	KeyDstPort   Key = "dst-port"
+)
+
+// Scope is how a limit's global rate is divided among replicas.
+type Scope string
+
+const (
+	// ScopeStatic divides by the count of the config's count source.
+	ScopeStatic Scope = "static"
+	// ScopeNodes divides by the number of ready agents (Kubernetes).
+	ScopeNodes Scope = "nodes"
+	// ScopeService weighs by ready local endpoints of match.service
+	// (Kubernetes).
+	ScopeService Scope = "service"
+)
+
+// Action is what happens to a packet whose bucket is empty.
+type Action string
+
+const (
+	ActionDrop   Action = "drop"
+	ActionShadow Action = "shadow" // count as would-drop, pass
+	ActionPace   Action = "pace"   // egress: delay with an EDT timestamp
+)
+
+// Direction is the hook a limit applies at.
+type Direction string
+
+const (
+	DirectionIngress Direction = "ingress"
+	DirectionEgress  Direction = "egress"
+)
+
+// Protocol selects packets by their L4 protocol.
+type Protocol string
+
+const (
+	ProtocolAny  Protocol = "any"
+	ProtocolTCP  Protocol = "tcp"
+	ProtocolUDP  Protocol = "udp"
+	ProtocolICMP Protocol = "icmp" // ICMP and ICMPv6
+)
+
+// The valid values of each enum, in the order error messages list them.
+var (
+	Units      = []Unit{UnitPackets, UnitBytes}
+	Keys       = []Key{KeyNone, KeySrcIP, KeyDstIP, KeySrcPrefix, KeyDstPort}
+	Scopes     = []Scope{ScopeStatic, ScopeNodes, ScopeService}
+	Actions    = []Action{ActionDrop, ActionShadow, ActionPace}
+	Directions = []Direction{DirectionIngress, DirectionEgress}
+	Protocols  = []Protocol{ProtocolAny, ProtocolTCP, ProtocolUDP, ProtocolICMP}
+)

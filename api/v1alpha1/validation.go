@@ -1,0 +1,342 @@
+package v1alpha1
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// FieldError is one broken rule: the field, named by its path from the top
+// of the file (or of the object), and what is wrong with it.
+type FieldError struct {
+	Field  string // limits[2].match.dstPorts[0]
+	Detail string // "70000" is not a port in 0..65535
+}
+
+func (e *FieldError) Error() string { return e.Field + ": " + e.Detail }
+
+// Validate checks a defaulted config file against every rule and returns
+// every violation, joined with errors.Join in field order, each a
+// *FieldError. It returns nil for a valid config.
+//
+// The file configures an agent on one host, so its limits are checked with
+// ValidateStandalone: scopes nodes and service are rejected.
+func (c *Config) Validate() error {
+	var el errorList
+	if len(c.Interfaces) == 0 {
+		el.add("interfaces", "required: at least one network interface")
+	}
+	ifaces := make(map[string]int)
+	for i, name := range c.Interfaces {
+		p := index("interfaces", i)
+		if err := validInterfaceName(name); err != nil {
+			el.add(p, "%v", err)
+			continue
+		}
+		if j, dup := ifaces[name]; dup {
+			el.add(p, "%q is listed twice (first at interfaces[%d])", name, j)
+			continue
+		}
+		ifaces[name] = i
+	}
+	if !filepath.IsAbs(c.PinDir) {
+		el.add("pinDir", "%q is not an absolute path", c.PinDir)
+	}
+	if err := validMetricsAddress(c.MetricsAddress); err != nil {
+		el.add("metricsAddress", "%v", err)
+	}
+	if c.MaxBuckets < MinMaxBuckets || c.MaxBuckets > MaxMaxBuckets {
+		el.add("maxBuckets", "%d is not in %d..%d", c.MaxBuckets, MinMaxBuckets, MaxMaxBuckets)
+	}
+	switch {
+	case c.Count.Static != nil && c.Count.File != "":
+		el.add("count", "set one of static, file, not both")
+	case c.Count.Static == nil && c.Count.File == "":
+		el.add("count", "set one of static, file")
+	}
+	if c.Count.Static != nil && *c.Count.Static < 0 {
+		el.add("count.static", "%d is not a replica count: 0 or more (0 is treated as 1)", *c.Count.Static)
+	}
+	if c.Count.File != "" && !filepath.IsAbs(c.Count.File) {
+		el.add("count.file", "%q is not an absolute path", c.Count.File)
+	}
+	names := make(map[string]int)
+	for i := range c.Limits {
+		l := &c.Limits[i]
+		p := index("limits", i)
+		switch j, dup := names[l.Name]; {
+		case l.Name == "":
+			el.add(field(p, "name"), "required: 1..63 lowercase letters, digits and '-'")
+		case !isDNSLabel(l.Name):
+			el.add(field(p, "name"), "%q is not a name: 1..63 lowercase letters, digits and '-', starting and ending with a letter or digit", l.Name)
+		case dup:
+			el.add(field(p, "name"), "%q is already the name of limits[%d]", l.Name, j)
+		default:
+			names[l.Name] = i
+		}
+		el = append(el, l.RateLimitSpec.validate(p, true)...)
+	}
+	return errors.Join(el...)
+}
+
+// Validate checks a defaulted spec against every rule that holds wherever
+// the limit runs, and returns every violation joined in field order, each a
+// *FieldError whose path starts with path (for example "limits[2]", or
+// "spec" in a custom resource; "" for none). It allows every scope: the
+// Kubernetes watcher provides nodes and service.
+func (s *RateLimitSpec) Validate(path string) error {
+	return errors.Join(s.validate(path, false)...)
+}
+
+// ValidateStandalone is Validate for an agent without Kubernetes, which
+// also rejects the scopes nodes and service: they need the Kubernetes
+// watcher.
+func (s *RateLimitSpec) ValidateStandalone(path string) error {
+	return errors.Join(s.validate(path, true)...)
+}
+
+func (s *RateLimitSpec) validate(path string, standalone bool) []error {
+	var el errorList
+	switch {
+	case s.Rate == 0:
+		el.add(field(path, "rate"), "required: 1..%d units per second over all replicas", uint64(MaxGlobalRate))
+	case s.Rate > MaxGlobalRate:
+		el.add(field(path, "rate"), "%d is not in 1..%d", s.Rate, uint64(MaxGlobalRate))
+	}
+	switch s.Unit {
+	case UnitPackets, UnitBytes:
+	case UnitConnections:
+		el.add(field(path, "unit"), "%q is not supported yet: use one of %s", s.Unit, choices(Units))
+	default:
+		el.add(field(path, "unit"), "%s", notOneOf(s.Unit, Units))
+	}
+	if s.Burst != nil {
+		b := *s.Burst
+		switch {
+		case b == 0:
+			el.add(field(path, "burst"), "0 is not a burst: at least 1 (leave burst out for the default, rate/10)")
+		case s.Rate >= 1 && s.Rate <= MaxGlobalRate && b > MaxBurstSeconds*s.Rate:
+			el.add(field(path, "burst"), "%d is more than %d seconds of rate %d", b, MaxBurstSeconds, s.Rate)
+		}
+	}
+
+	m := &s.Match
+	mp := field(path, "match")
+	switch m.Direction {
+	case DirectionIngress:
+	case DirectionEgress:
+		el.add(field(mp, "direction"), "%q is not supported yet: the egress (tc) data path is planned", m.Direction)
+	default:
+		el.add(field(mp, "direction"), "%s", notOneOf(m.Direction, Directions))
+	}
+	switch m.Protocol {
+	case ProtocolAny, ProtocolTCP, ProtocolUDP, ProtocolICMP:
+	default:
+		el.add(field(mp, "protocol"), "%s", notOneOf(m.Protocol, Protocols))
+	}
+	if len(m.DstPorts) > 0 && m.Protocol == ProtocolICMP {
+		el.add(field(mp, "dstPorts"), "protocol icmp has no ports: dstPorts needs protocol tcp, udp or any")
+	}
+	for i, r := range m.DstPorts {
+		if _, _, err := ParsePortRange(r); err != nil {
+			el.add(index(field(mp, "dstPorts"), i), "%v", err)
+		}
+	}
+	for i, c := range m.SrcCIDRs {
+		if _, err := ParseCIDR(c); err != nil {
+			el.add(index(field(mp, "srcCIDRs"), i), "%v", err)
+		}
+	}
+	for i, c := range m.DstCIDRs {
+		if _, err := ParseCIDR(c); err != nil {
+			el.add(index(field(mp, "dstCIDRs"), i), "%v", err)
+		}
+	}
+	switch {
+	case m.Service != "":
+		if s.Scope != ScopeService {
+			el.add(field(mp, "service"), "only with scope service (scope is %q)", s.Scope)
+		}
+		if !isService(m.Service) {
+			el.add(field(mp, "service"), "%q is not namespace/name (each 1..63 lowercase letters, digits and '-')", m.Service)
+		}
+	case s.Scope == ScopeService:
+		el.add(field(mp, "service"), "required with scope service: the namespace/name of a Service")
+	}
+
+	switch s.Key {
+	case KeyNone, KeySrcIP, KeyDstIP, KeySrcPrefix:
+	case KeyDstPort:
+		if m.Protocol == ProtocolICMP {
+			el.add(field(path, "key"), "dst-port needs protocol tcp, udp or any: icmp has no ports")
+		}
+	default:
+		el.add(field(path, "key"), "%s", notOneOf(s.Key, Keys))
+	}
+	if pl := s.PrefixLength; pl != nil {
+		pp := field(path, "prefixLength")
+		if s.Key != KeySrcPrefix {
+			el.add(pp, "only with key src-prefix (key is %q)", s.Key)
+		} else {
+			if pl.IPv4 < 1 || pl.IPv4 > 32 {
+				el.add(field(pp, "ipv4"), "%d is not in 1..32", pl.IPv4)
+			}
+			if pl.IPv6 < 1 || pl.IPv6 > 128 {
+				el.add(field(pp, "ipv6"), "%d is not in 1..128", pl.IPv6)
+			}
+		}
+	}
+	switch s.Scope {
+	case ScopeStatic:
+	case ScopeNodes, ScopeService:
+		if standalone {
+			el.add(field(path, "scope"), "%q needs the Kubernetes watcher (run rlagent in a cluster); on one host use static", s.Scope)
+		}
+	default:
+		el.add(field(path, "scope"), "%s", notOneOf(s.Scope, Scopes))
+	}
+	switch s.Action {
+	case ActionDrop, ActionShadow:
+	case ActionPace:
+		// The direction rule comes first: for pace on ingress it is the
+		// more precise message.
+		if m.Direction != DirectionEgress {
+			el.add(field(path, "action"), "pace needs match.direction egress: pacing delays egress packets with EDT timestamps; ingress packets cannot be delayed")
+		} else {
+			el.add(field(path, "action"), "%q is not supported yet: the egress (tc) data path is planned", s.Action)
+		}
+	default:
+		el.add(field(path, "action"), "%s", notOneOf(s.Action, Actions))
+	}
+	return el
+}
+
+// ParsePortRange parses a destination port entry: "53" (first == last) or an
+// inclusive range "8000-8080".
+func ParsePortRange(s string) (first, last uint16, err error) {
+	lo, hi, isRange := strings.Cut(s, "-")
+	if !isRange {
+		p, ok := parsePort(s)
+		if !ok {
+			return 0, 0, fmt.Errorf("%q is not a port in 0..65535", s)
+		}
+		return p, p, nil
+	}
+	first, ok := parsePort(lo)
+	if !ok {
+		return 0, 0, fmt.Errorf("%q is not a port range: %q is not a port in 0..65535", s, lo)
+	}
+	last, ok = parsePort(hi)
+	if !ok {
+		return 0, 0, fmt.Errorf("%q is not a port range: %q is not a port in 0..65535", s, hi)
+	}
+	if first > last {
+		return 0, 0, fmt.Errorf("%q is not a port range: first port %d is above last %d", s, first, last)
+	}
+	return first, last, nil
+}
+
+func parsePort(s string) (uint16, bool) {
+	n, err := strconv.ParseUint(s, 10, 16)
+	return uint16(n), err == nil
+}
+
+// ParseCIDR parses an IPv4 or IPv6 network. A bare address is the host
+// prefix (/32 or /128). Host bits are cleared: "10.1.2.3/8" is 10.0.0.0/8.
+// IPv4-mapped IPv6 addresses are rejected: the data path sees those packets
+// as IPv4, so such a prefix would never match.
+func ParseCIDR(s string) (netip.Prefix, error) {
+	bad := fmt.Errorf("%q is not an IPv4 or IPv6 CIDR or address", s)
+	var p netip.Prefix
+	if strings.Contains(s, "/") {
+		var err error
+		if p, err = netip.ParsePrefix(s); err != nil {
+			return netip.Prefix{}, bad
+		}
+	} else {
+		a, err := netip.ParseAddr(s)
+		if err != nil || a.Zone() != "" {
+			return netip.Prefix{}, bad
+		}
+		p = netip.PrefixFrom(a, a.BitLen())
+	}
+	if p.Addr().Is4In6() {
+		return netip.Prefix{}, fmt.Errorf("%q is an IPv4-mapped IPv6 address: write it as IPv4", s)
+	}
+	return p.Masked(), nil
+}
+
+// validInterfaceName applies the kernel's dev_valid_name.
+func validInterfaceName(s string) error {
+	if len(s) == 0 || len(s) > 15 || s == "." || s == ".." ||
+		strings.ContainsAny(s, "/: \t\n\v\f\r") {
+		return fmt.Errorf("%q is not an interface name: 1..15 characters, not \".\" or \"..\", without '/', ':' or whitespace", s)
+	}
+	return nil
+}
+
+func validMetricsAddress(a string) error {
+	if a == MetricsOff {
+		return nil
+	}
+	_, port, err := net.SplitHostPort(a)
+	if err != nil {
+		return fmt.Errorf("%q is not %q or host:port (e.g. %s)", a, MetricsOff, DefaultMetricsAddress)
+	}
+	if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
+		return fmt.Errorf("%q: port %q is not a number in 1..65535", a, port)
+	}
+	return nil
+}
+
+// isDNSLabel reports whether s is an RFC 1123 label: 1..63 lowercase
+// letters, digits and '-', starting and ending with a letter or digit.
+func isDNSLabel(s string) bool {
+	if len(s) == 0 || len(s) > 63 || s[0] == '-' || s[len(s)-1] == '-' {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+func isService(s string) bool {
+	ns, name, ok := strings.Cut(s, "/")
+	return ok && isDNSLabel(ns) && isDNSLabel(name)
+}
+
+// errorList collects FieldErrors in the order the rules are checked.
+type errorList []error
+
+func (l *errorList) add(field, format string, args ...any) {
+	*l = append(*l, &FieldError{Field: field, Detail: fmt.Sprintf(format, args...)})
+}
+
+func field(path, name string) string {
+	if path == "" {
+		return name
+	}
+	return path + "." + name
+}
+
+func index(path string, i int) string { return fmt.Sprintf("%s[%d]", path, i) }
+
+func notOneOf[T ~string](v T, valid []T) string {
+	return fmt.Sprintf("%q is not one of %s", v, choices(valid))
+}
+
+func choices[T ~string](valid []T) string {
+	s := make([]string, len(valid))
+	for i, v := range valid {
+		s[i] = string(v)
+	}
+	return strings.Join(s, ", ")
+}

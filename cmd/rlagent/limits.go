@@ -1,0 +1,210 @@
+package main
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+	"sigs.k8s.io/yaml"
+
+	"github.com/rlagent/rlagent/api/v1alpha1"
+)
+
+func newLimitsCmd() *cobra.Command {
+	var config string
+	cmd := &cobra.Command{
+		Use:   "limits",
+		Short: "Edit and read the limits in the config file",
+		Long: `limits edits the limits of the config file. Every change is validated with the agent's
+own validation, written to a temporary file and renamed over the config, so the file is
+never half-written and an invalid change leaves it untouched. A running agent picks the
+change up within a second.`,
+		Example: `  rlagent limits list
+  rlagent limits set dns --rate 20000 --protocol udp --dst-ports 53
+  rlagent limits get dns
+  rlagent limits delete dns`,
+	}
+	cmd.PersistentFlags().StringVarP(&config, "config", "c", defaultConfig, "config file to edit")
+	cmd.AddCommand(newLimitsSetCmd(&config), newLimitsGetCmd(&config), newLimitsListCmd(&config), newLimitsDeleteCmd(&config))
+	return cmd
+}
+
+func newLimitsSetCmd(config *string) *cobra.Command {
+	var (
+		spec    v1alpha1.RateLimitSpec
+		burst   uint64
+		unit    string
+		key     string
+		prefix4 uint8
+		prefix6 uint8
+		action  string
+		scope   string
+		dir     string
+		proto   string
+	)
+	cmd := &cobra.Command{
+		Use:   "set NAME",
+		Short: "Create a limit, or replace the one with this name",
+		Long: `set creates the named limit, or replaces it whole: flags not given take their defaults,
+not the old values. --rate is the global rate over all replicas; each node enforces
+rate / replicas.`,
+		Example: `  # 20,000 DNS packets per second over all replicas
+  rlagent limits set dns --rate 20000 --protocol udp --dst-ports 53
+  # 1 MB/s per source /24, from two networks, in shadow mode first
+  rlagent limits set per-source --rate 1000000 --unit bytes --key src-prefix --prefix-v4 24 \
+      --src-cidrs 10.0.0.0/8,192.168.0.0/16 --action shadow`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			spec.Unit = v1alpha1.Unit(unit)
+			spec.Key = v1alpha1.Key(key)
+			spec.Action = v1alpha1.Action(action)
+			spec.Scope = v1alpha1.Scope(scope)
+			spec.Match.Direction = v1alpha1.Direction(dir)
+			spec.Match.Protocol = v1alpha1.Protocol(proto)
+			if cmd.Flags().Changed("burst") {
+				spec.Burst = &burst
+			}
+			if cmd.Flags().Changed("prefix-v4") || cmd.Flags().Changed("prefix-v6") {
+				spec.PrefixLength = &v1alpha1.PrefixLength{IPv4: prefix4, IPv6: prefix6}
+			}
+			return editConfig(*config, func(c *v1alpha1.Config) error {
+				l := v1alpha1.Limit{Name: args[0], RateLimitSpec: spec}
+				if i := slices.IndexFunc(c.Limits, func(l v1alpha1.Limit) bool { return l.Name == args[0] }); i >= 0 {
+					c.Limits[i] = l
+				} else {
+					c.Limits = append(c.Limits, l)
+				}
+				return nil
+			})
+		},
+	}
+	f := cmd.Flags()
+	f.Uint64Var(&spec.Rate, "rate", 0, "global rate over all replicas, units per second (required)")
+	f.Uint64Var(&burst, "burst", 0, "global burst, units (default rate/10, at least 1)")
+	f.StringVar(&unit, "unit", "packets", "what a token is worth: packets, bytes")
+	f.StringVar(&key, "key", "none", "how traffic splits into buckets: none, src-ip, dst-ip, src-prefix, dst-port")
+	f.Uint8Var(&prefix4, "prefix-v4", 0, "with --key src-prefix: IPv4 prefix length (default 24)")
+	f.Uint8Var(&prefix6, "prefix-v6", 0, "with --key src-prefix: IPv6 prefix length (default 64)")
+	f.StringVar(&action, "action", "drop", "over the limit: drop, shadow (count and pass)")
+	f.StringVar(&scope, "scope", "static", "how the rate is divided: static (by the config's count)")
+	f.StringVar(&dir, "direction", "ingress", "match: ingress")
+	f.StringVar(&proto, "protocol", "any", "match: any, tcp, udp, icmp")
+	f.StringSliceVar(&spec.Match.DstPorts, "dst-ports", nil, "match: destination ports or ranges, e.g. 53,8000-8080")
+	f.StringSliceVar(&spec.Match.SrcCIDRs, "src-cidrs", nil, "match: source CIDRs (IPv4 or IPv6)")
+	f.StringSliceVar(&spec.Match.DstCIDRs, "dst-cidrs", nil, "match: destination CIDRs (IPv4 or IPv6)")
+	cmd.MarkFlagRequired("rate")
+	return cmd
+}
+
+func newLimitsGetCmd(config *string) *cobra.Command {
+	return &cobra.Command{
+		Use:     "get NAME",
+		Short:   "Print one limit as YAML",
+		Example: "  rlagent limits get dns",
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := v1alpha1.LoadConfig(*config)
+			if err != nil {
+				return err
+			}
+			for _, l := range c.Limits {
+				if l.Name == args[0] {
+					out, err := yaml.Marshal(l)
+					if err != nil {
+						return err
+					}
+					_, err = cmd.OutOrStdout().Write(out)
+					return err
+				}
+			}
+			return fmt.Errorf("limit %q: not in %s (limits: %s)", args[0], *config, names(c))
+		},
+	}
+}
+
+func newLimitsListCmd(config *string) *cobra.Command {
+	return &cobra.Command{
+		Use:     "list",
+		Short:   "List the limits of the config file",
+		Example: "  rlagent limits list --config rlagent.yaml",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := v1alpha1.LoadConfig(*config)
+			if err != nil {
+				return err
+			}
+			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "NAME\tRATE\tBURST\tUNIT\tKEY\tSCOPE\tACTION\tMATCH")
+			for _, l := range c.Limits {
+				fmt.Fprintf(w, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\n", l.Name, l.Rate, l.EffectiveBurst(), l.Unit, l.Key, l.Scope, l.Action, matchString(&l.Match))
+			}
+			return w.Flush()
+		},
+	}
+}
+
+func newLimitsDeleteCmd(config *string) *cobra.Command {
+	return &cobra.Command{
+		Use:     "delete NAME",
+		Short:   "Remove a limit from the config file",
+		Example: "  rlagent limits delete dns",
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return editConfig(*config, func(c *v1alpha1.Config) error {
+				i := slices.IndexFunc(c.Limits, func(l v1alpha1.Limit) bool { return l.Name == args[0] })
+				if i < 0 {
+					return fmt.Errorf("limit %q: not in %s (limits: %s)", args[0], *config, names(c))
+				}
+				c.Limits = slices.Delete(c.Limits, i, i+1)
+				return nil
+			})
+		},
+	}
+}
+
+// editConfig loads, changes, validates and atomically rewrites the config.
+func editConfig(path string, change func(*v1alpha1.Config) error) error {
+	c, err := v1alpha1.LoadConfig(path)
+	if err != nil {
+		return err
+	}
+	if err := change(c); err != nil {
+		return err
+	}
+	c.Default()
+	if err := v1alpha1.WriteConfigAtomic(path, c); err != nil {
+		return fmt.Errorf("%s unchanged: %w", path, err)
+	}
+	return nil
+}
+
+func names(c *v1alpha1.Config) string {
+	if len(c.Limits) == 0 {
+		return "none"
+	}
+	var n []string
+	for _, l := range c.Limits {
+		n = append(n, l.Name)
+	}
+	return strings.Join(n, ", ")
+}
+
+func matchString(m *v1alpha1.Match) string {
+	parts := []string{string(m.Direction), string(m.Protocol)}
+	if len(m.DstPorts) > 0 {
+		parts = append(parts, "port "+strings.Join(m.DstPorts, ","))
+	}
+	if len(m.SrcCIDRs) > 0 {
+		parts = append(parts, "from "+strings.Join(m.SrcCIDRs, ","))
+	}
+	if len(m.DstCIDRs) > 0 {
+		parts = append(parts, "to "+strings.Join(m.DstCIDRs, ","))
+	}
+	if m.Service != "" {
+		parts = append(parts, "service "+m.Service)
+	}
+	return strings.Join(parts, " ")
+}
+

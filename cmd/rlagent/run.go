@@ -1,0 +1,65 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/rlagent/rlagent/agent"
+)
+
+func newRunCmd() *cobra.Command {
+	var (
+		config    string
+		logLevel  string
+		logFormat string
+	)
+	cmd := &cobra.Command{
+		Use:   "run",
+		Short: "Run the node agent: attach the data path and keep the shares current",
+		Long: `run loads the data path, attaches it to the configured interfaces in XDP (native mode,
+falling back to generic), pins its maps and links under the pin directory, and keeps each
+limit's node share current as the replica count and the config file change.
+
+On SIGTERM, SIGINT or SIGKILL the agent exits and the pinned data path keeps enforcing
+the last shares. The next "rlagent run" adopts the pins without detaching. "rlagent
+cleanup" detaches and removes them.`,
+		Example: `  rlagent run --config /etc/rlagent/rlagent.yaml
+  rlagent run --config rlagent.yaml --log-level debug --log-format json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log, err := newLogger(logLevel, logFormat)
+			if err != nil {
+				return err
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
+			defer stop()
+			return agent.Run(ctx, agent.Options{ConfigPath: config, Log: log})
+		},
+	}
+	cmd.Flags().StringVarP(&config, "config", "c", defaultConfig, "config file (YAML, see docs/config.md)")
+	cmd.Flags().StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	cmd.Flags().StringVar(&logFormat, "log-format", "text", "log format: text, json")
+	return cmd
+}
+
+func newLogger(level, format string) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level: %q is not one of debug, info, warn, error", level)
+	}
+	opts := &slog.HandlerOptions{Level: l}
+	switch strings.ToLower(format) {
+	case "text":
+		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format: %q is not one of text, json", format)
+}
+
