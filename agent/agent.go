@@ -47,7 +47,7 @@ type Agent struct {
 	links   map[string]link.Link
 	source  watcher.Source
 	stopSrc context.CancelFunc
-	ids     map[string]uint32    // limit name -> id
+	ids     map[string]uint32     // limit name -> id
 	applied map[uint32]maps.Limit // what was last written, by id
 	meta    map[uint32]maps.Meta
 	warned  map[string]string // limit name -> last warning logged
@@ -246,7 +246,7 @@ func (a *Agent) close() {
 }
 
 func (a *Agent) serveMetrics(addr string, reg *prometheus.Registry) (*http.Server, string, error) {
-	if addr == "off" {
+	if addr == v1alpha1.MetricsOff {
 		return nil, "", nil
 	}
 	ln, err := net.Listen("tcp", addr)

@@ -15,6 +15,11 @@ func toMapsLimit(spec *v1alpha1.RateLimitSpec, share Share) (maps.Limit, error) 
 	if l.Rate == 0 {
 		l.Burst = 0 // a share of 0 admits nothing
 	}
+	// Rounding the share down can leave a burst longer than the data path
+	// takes (e.g. burst 36000 over rate 10 and 3 replicas): clamp it.
+	if l.Rate > 0 && l.Burst > maps.MaxBurstSeconds*l.Rate {
+		l.Burst = maps.MaxBurstSeconds * l.Rate
+	}
 	if l.Rate > maps.MaxRate {
 		return maps.Limit{}, fmt.Errorf("rate: node share %d is above the data path's maximum of %d units/s per node", l.Rate, maps.MaxRate)
 	}

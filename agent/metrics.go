@@ -6,10 +6,6 @@ import (
 	"github.com/rlagent/rlagent/maps"
 )
 
-// DefaultMetricsAddress is where the agent serves /metrics unless told
-// otherwise: loopback, on a port no Prometheus component uses by default.
-const DefaultMetricsAddress = "127.0.0.1:9478"
-
 func desc(name, help string, labels ...string) *prometheus.Desc {
 	return prometheus.NewDesc("rlagent_"+name, help, labels, nil)
 }

@@ -358,3 +358,12 @@ func netmask6(n int) (m [4]uint32) {
 	}
 	return m
 }
+
+// Seq is the parameter sequence number of a limit: it moves on every write
+// of the limit's rate or burst. 0 for an unknown limit.
+func (d *Datapath) Seq(id uint32) uint32 {
+	if in, ok := d.limits[id]; ok {
+		return in.entry.Seq
+	}
+	return 0
+}

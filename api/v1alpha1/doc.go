@@ -2,9 +2,9 @@
 // later, the RateLimit custom resource in API group rlagent.io/v1alpha1: the
 // Go types, their defaults and their validation.
 //
-// The types read and write JSON field names (sigs.k8s.io/yaml maps YAML onto
-// them), so one schema serves the file and the Kubernetes object. Each field's
-// comment says whether it is (Required) or (Optional) and gives its default.
+// The types carry JSON field names, so one schema serves the YAML file
+// (decoded by this package) and the Kubernetes object. Each field's comment
+// says whether it is (Required) or (Optional) and gives its default.
 //
 // The lifecycle of a config is: decode strictly (unknown fields are errors),
 // Default (every default is applied there and nowhere else), Validate (every

@@ -22,8 +22,9 @@ type Config struct {
 	// (Optional) 1024..16777216; default 65536.
 	MaxBuckets uint32 `json:"maxBuckets,omitempty"`
 
-	// Count is where the replica count comes from: the number of enforcers
-	// that share each limit's global rate on one host, without Kubernetes.
+	// Count is where the replica count comes from when rlagent runs without
+	// Kubernetes: how many replicas (each with an agent enforcing this
+	// config) share each limit's global rate.
 	// (Optional) Default static: 1.
 	Count CountSource `json:"count,omitzero"`
 
@@ -55,6 +56,7 @@ type Limit struct {
 	// with a letter or digit; unique in the file.
 	Name string `json:"name"`
 
+	// The spec's fields sit next to the name in the file.
 	RateLimitSpec `json:",inline"`
 }
 

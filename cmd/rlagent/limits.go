@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -164,16 +165,20 @@ func newLimitsDeleteCmd(config *string) *cobra.Command {
 	}
 }
 
-// editConfig loads, changes, validates and atomically rewrites the config.
+// editConfig reads the config as written (no defaults filled in), changes
+// it, and validates and atomically rewrites it.
 func editConfig(path string, change func(*v1alpha1.Config) error) error {
-	c, err := v1alpha1.LoadConfig(path)
+	data, err := os.ReadFile(path)
 	if err != nil {
-		return err
+		return fmt.Errorf("read config: %w", err)
+	}
+	c, err := v1alpha1.DecodeConfig(data)
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, err)
 	}
 	if err := change(c); err != nil {
 		return err
 	}
-	c.Default()
 	if err := v1alpha1.WriteConfigAtomic(path, c); err != nil {
 		return fmt.Errorf("%s unchanged: %w", path, err)
 	}
@@ -207,4 +212,3 @@ func matchString(m *v1alpha1.Match) string {
 	}
 	return strings.Join(parts, " ")
 }
-

@@ -62,4 +62,3 @@ func newLogger(level, format string) (*slog.Logger, error) {
 	}
 	return nil, fmt.Errorf("--log-format: %q is not one of text, json", format)
 }
-

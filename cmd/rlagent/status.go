@@ -95,7 +95,7 @@ func printStatus(w io.Writer, st []agent.LimitStatus, output string) error {
 	for _, s := range st {
 		age := "-"
 		if s.ObservationAge >= 0 {
-			age = (time.Duration(s.ObservationAge*float64(time.Second))).Round(100 * time.Millisecond).String()
+			age = (time.Duration(s.ObservationAge * float64(time.Second))).Round(100 * time.Millisecond).String()
 		}
 		if s.Stale {
 			age += " (stale)"

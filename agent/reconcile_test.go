@@ -1,0 +1,246 @@
+package agent
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf/link"
+
+	"github.com/rlagent/rlagent/api/v1alpha1"
+	"github.com/rlagent/rlagent/internal/testenv"
+	"github.com/rlagent/rlagent/maps"
+	"github.com/rlagent/rlagent/watcher"
+)
+
+// fakeSource is a count source the test sets.
+type fakeSource struct {
+	mu  sync.Mutex
+	obs map[string]watcher.Observation
+	all watcher.Observation
+}
+
+func (f *fakeSource) Run(ctx context.Context, _ func()) { <-ctx.Done() }
+func (f *fakeSource) Observe(name string) watcher.Observation {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if o, ok := f.obs[name]; ok {
+		return o
+	}
+	return f.all
+}
+func (f *fakeSource) set(n int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.all = watcher.Observation{Replicas: n, Local: n, At: time.Now()}
+}
+
+func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+func newTestAgent(tb testing.TB, cfg string, src watcher.Source) *Agent {
+	tb.Helper()
+	testenv.RequireRoot(tb)
+	c, err := v1alpha1.ParseConfig([]byte(cfg))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	dp, err := maps.Load(maps.Options{})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { dp.Close() })
+	return &Agent{
+		log: quiet(), cfg: c, dp: dp, source: src,
+		links: map[string]link.Link{}, ids: map[string]uint32{}, applied: map[uint32]maps.Limit{},
+		meta: map[uint32]maps.Meta{}, warned: map[string]string{},
+	}
+}
+
+const twoLimits = `
+interfaces: [lo]
+limits:
+- name: dns
+  rate: 100000
+  burst: 10000
+  match: {protocol: udp, dstPorts: ["53"]}
+- name: web
+  rate: 30000
+  match: {protocol: tcp, dstPorts: ["80", "443"]}
+  key: src-ip
+`
+
+func mustReconcile(tb testing.TB, a *Agent) {
+	tb.Helper()
+	if err := a.reconcile(); err != nil {
+		tb.Fatalf("reconcile: %v", err)
+	}
+}
+
+func shareOf(tb testing.TB, a *Agent, name string) maps.Limit {
+	tb.Helper()
+	id, ok := a.ids[name]
+	if !ok {
+		tb.Fatalf("limit %s has no id", name)
+	}
+	l, err := a.dp.Limit(id)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return l
+}
+
+// Shares follow the count; each limit keeps its id; metadata records the
+// global rate and the count.
+func TestReconcileFollowsCount(t *testing.T) {
+	src := &fakeSource{}
+	src.set(1)
+	a := newTestAgent(t, twoLimits, src)
+	mustReconcile(t, a)
+	for _, n := range []int{1, 2, 10, 0, 3} {
+		src.set(n)
+		mustReconcile(t, a)
+		div := uint64(max(n, 1))
+		if l := shareOf(t, a, "dns"); l.Rate != 100000/div || l.Burst != max(10000/div, 1) {
+			t.Errorf("count %d: dns share %d burst %d, want %d and %d", n, l.Rate, l.Burst, 100000/div, 10000/div)
+		}
+		if l := shareOf(t, a, "web"); l.Rate != 30000/div || l.Key != maps.KeySrcIP {
+			t.Errorf("count %d: web share %d key %v", n, l.Rate, l.Key)
+		}
+		m, err := a.dp.Meta(a.ids["dns"])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.Name != "dns" || m.GlobalRate != 100000 || m.Replicas != uint32(n) {
+			t.Errorf("count %d: meta %+v", n, m)
+		}
+	}
+	if a.ids["dns"] == a.ids["web"] {
+		t.Fatal("two limits share an id")
+	}
+}
+
+// A config that does not fit is rejected whole: nothing of it is written.
+func TestReconcileRejectsWhole(t *testing.T) {
+	src := &fakeSource{}
+	src.set(1)
+	a := newTestAgent(t, twoLimits, src)
+	mustReconcile(t, a)
+	before := shareOf(t, a, "dns")
+
+	// A new first limit that is fine, and a second whose share exceeds
+	// what the data path takes: neither may be applied.
+	bad, err := v1alpha1.ParseConfig([]byte(`
+interfaces: [lo]
+limits:
+- name: dns
+  rate: 50000
+  match: {protocol: udp, dstPorts: ["53"]}
+- name: huge
+  rate: 900000000000
+  match: {protocol: tcp}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := a.cfg
+	a.cfg = bad
+	if err := a.reconcile(); err == nil {
+		t.Fatal("reconcile of a config whose share exceeds the data path succeeded")
+	}
+	a.cfg = old
+	if got := shareOf(t, a, "dns"); got.Rate != before.Rate {
+		t.Fatalf("dns share changed to %d by a rejected config", got.Rate)
+	}
+	if _, ok := a.ids["huge"]; ok {
+		t.Fatal("limit of a rejected config got an id")
+	}
+	if ids := a.dp.IDs(); len(ids) != 2 {
+		t.Fatalf("data path holds %d limits, want the 2 of the old config", len(ids))
+	}
+}
+
+// Removing a limit deletes it; a limit added in the same pass does not take
+// its id (it would inherit the old buckets).
+func TestReconcileRemoveAndAdd(t *testing.T) {
+	src := &fakeSource{}
+	src.set(2)
+	a := newTestAgent(t, twoLimits, src)
+	mustReconcile(t, a)
+	dnsID := a.ids["dns"]
+
+	next, err := v1alpha1.ParseConfig([]byte(`
+interfaces: [lo]
+limits:
+- name: web
+  rate: 30000
+  match: {protocol: tcp, dstPorts: ["80", "443"]}
+  key: src-ip
+- name: ntp
+  rate: 1000
+  match: {protocol: udp, dstPorts: ["123"]}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.cfg = next
+	mustReconcile(t, a)
+	if _, ok := a.ids["dns"]; ok {
+		t.Fatal("removed limit still has an id")
+	}
+	if _, err := a.dp.Limit(dnsID); err == nil {
+		t.Fatal("removed limit still in the data path")
+	}
+	if a.ids["ntp"] == dnsID {
+		t.Fatal("new limit took the id of the limit removed in the same pass")
+	}
+	if l := shareOf(t, a, "ntp"); l.Rate != 500 {
+		t.Fatalf("ntp share %d, want 500", l.Rate)
+	}
+}
+
+// An unchanged reconcile writes nothing.
+func TestReconcileIdempotent(t *testing.T) {
+	src := &fakeSource{}
+	src.set(3)
+	a := newTestAgent(t, twoLimits, src)
+	mustReconcile(t, a)
+	e1, _ := a.dp.Limit(a.ids["dns"])
+	mustReconcile(t, a)
+	mustReconcile(t, a)
+	e2, _ := a.dp.Limit(a.ids["dns"])
+	if e1.Rate != e2.Rate {
+		t.Fatal("share changed without a count change")
+	}
+	// The limit entry's seq moves on every parameter write: unchanged
+	// reconciles must not write.
+	if a.dp.Seq(a.ids["dns"]) != 1 {
+		t.Fatalf("seq %d after idempotent reconciles, want 1 (no rewrite)", a.dp.Seq(a.ids["dns"]))
+	}
+}
+
+// Benchmark: a count change through the reconciler to rewritten maps.
+func BenchmarkCountChange(b *testing.B) {
+	for _, n := range []int{1, 10, 100} {
+		b.Run(limitsName(n), func(b *testing.B) {
+			src := &fakeSource{}
+			src.set(1)
+			a := newTestAgent(b, manyLimits(n), src)
+			mustReconcile(b, a)
+			var lat []time.Duration
+			b.ResetTimer()
+			for i := range b.N {
+				src.set(1 + i%7)
+				start := time.Now()
+				if err := a.reconcile(); err != nil {
+					b.Fatal(err)
+				}
+				lat = append(lat, time.Since(start))
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(percentile(lat, 0.99).Microseconds())/1000, "p99-ms")
+		})
+	}
+}
