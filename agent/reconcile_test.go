@@ -4,6 +4,9 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -221,25 +224,40 @@ func TestReconcileIdempotent(t *testing.T) {
 	}
 }
 
-// Benchmark: a count change through the reconciler to rewritten maps.
+// Benchmark: a count change in the file source to rewritten maps: write the
+// file, read it (the source polls every 200 ms; that wait is not counted
+// here), divide, and rewrite the map entries.
 func BenchmarkCountChange(b *testing.B) {
 	for _, n := range []int{1, 10, 100} {
 		b.Run(limitsName(n), func(b *testing.B) {
-			src := &fakeSource{}
-			src.set(1)
+			path := filepath.Join(b.TempDir(), "replicas")
+			if err := os.WriteFile(path, []byte("1"), 0o644); err != nil {
+				b.Fatal(err)
+			}
+			src := watcher.NewFile(path, 0, quiet())
+			src.Poll()
 			a := newTestAgent(b, manyLimits(n), src)
 			mustReconcile(b, a)
 			var lat []time.Duration
 			b.ResetTimer()
 			for i := range b.N {
-				src.set(1 + i%7)
+				count := 2 + i%7
 				start := time.Now()
+				if err := os.WriteFile(path, []byte(strconv.Itoa(count)), 0o644); err != nil {
+					b.Fatal(err)
+				}
+				if !src.Poll() {
+					b.Fatal("count change not seen")
+				}
 				if err := a.reconcile(); err != nil {
 					b.Fatal(err)
 				}
 				lat = append(lat, time.Since(start))
 			}
 			b.StopTimer()
+			if l := shareOf(b, a, "l0"); l.Rate != 10000/uint64(2+(b.N-1)%7) {
+				b.Fatalf("share %d after the last change", l.Rate)
+			}
 			b.ReportMetric(float64(percentile(lat, 0.99).Microseconds())/1000, "p99-ms")
 		})
 	}

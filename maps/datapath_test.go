@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"reflect"
 	"runtime"
 	"slices"
@@ -798,37 +796,10 @@ func TestPrefixTableFull(t *testing.T) {
 	}
 }
 
-// bpffsDir returns a fresh directory on a bpffs. If /sys/fs/bpf is one, the
-// directory is under it; if not, a private bpffs is mounted for the test
-// (not on /sys/fs/bpf: that would change the host for every other test
-// binary running at the same time).
-func bpffsDir(tb testing.TB) string {
-	tb.Helper()
-	var st unix.Statfs_t
-	if err := unix.Statfs("/sys/fs/bpf", &st); err == nil && st.Type == unix.BPF_FS_MAGIC {
-		dir, err := os.MkdirTemp("/sys/fs/bpf", "rlagent-maps-test-")
-		if err != nil {
-			tb.Fatal(err)
-		}
-		tb.Cleanup(func() { os.RemoveAll(dir) })
-		return filepath.Join(dir, "rlagent")
-	}
-	dir := tb.TempDir()
-	if err := unix.Mount("bpffs", dir, "bpf", 0, "mode=0700"); err != nil {
-		tb.Fatalf("/sys/fs/bpf is not a bpffs and mounting one on %s failed: %v", dir, err)
-	}
-	tb.Cleanup(func() {
-		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
-			tb.Errorf("unmount %s: %v", dir, err)
-		}
-	})
-	return filepath.Join(dir, "rlagent")
-}
-
 func TestPinning(t *testing.T) {
 	t.Parallel()
 	testenv.RequireRoot(t)
-	opts := Options{PinDir: bpffsDir(t), Clock: ClockTest, CPUs: 1, MaxBuckets: 1024}
+	opts := Options{PinDir: testenv.BPFFS(t), Clock: ClockTest, CPUs: 1, MaxBuckets: 1024}
 	limits := map[uint32]Limit{
 		1: {
 			Rate: 1000, Burst: 200, Unit: Bytes, Key: KeySrcPrefix, Prefix4: 24, Prefix6: 48, Action: Shadow,

@@ -13,7 +13,10 @@ package testenv
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // RequireRootEnv is the environment variable that, set to "1", forbids skipping.
@@ -54,4 +57,30 @@ func SkipOrFail(tb testing.TB, format string, args ...any) {
 		return
 	}
 	tb.Skip(reason)
+}
+
+// BPFFS returns a path, not yet created, on a BPF filesystem private to the
+// test: a fresh directory under /sys/fs/bpf when that is a bpffs, otherwise
+// a bpffs mounted on a temporary directory. Both go away in Cleanup.
+func BPFFS(tb testing.TB) string {
+	tb.Helper()
+	var st unix.Statfs_t
+	if err := unix.Statfs("/sys/fs/bpf", &st); err == nil && st.Type == unix.BPF_FS_MAGIC {
+		dir, err := os.MkdirTemp("/sys/fs/bpf", "rlagent-test-")
+		if err != nil {
+			tb.Fatal(err)
+		}
+		tb.Cleanup(func() { os.RemoveAll(dir) })
+		return filepath.Join(dir, "rlagent")
+	}
+	dir := tb.TempDir()
+	if err := unix.Mount("bpffs", dir, "bpf", 0, "mode=0700"); err != nil {
+		tb.Fatalf("/sys/fs/bpf is not a bpffs and mounting one on %s failed: %v", dir, err)
+	}
+	tb.Cleanup(func() {
+		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
+			tb.Errorf("unmount %s: %v", dir, err)
+		}
+	})
+	return filepath.Join(dir, "rlagent")
 }

@@ -1,0 +1,101 @@
+package agent
+
+import (
+	"encoding/binary"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/rlagent/rlagent/internal/testenv"
+	"github.com/rlagent/rlagent/maps"
+)
+
+// udpFrom is an Ethernet/IPv4/UDP frame from src to 10.0.0.1:53.
+func udpFrom(src uint32) []byte {
+	p := make([]byte, 14+20+8)
+	binary.BigEndian.PutUint16(p[12:], 0x0800)
+	ip := p[14:]
+	ip[0] = 0x45
+	binary.BigEndian.PutUint16(ip[2:], 28)
+	ip[8], ip[9] = 64, 17
+	binary.BigEndian.PutUint32(ip[12:], src)
+	binary.BigEndian.PutUint32(ip[16:], 0x0a000001)
+	binary.BigEndian.PutUint16(ip[22:], 53)
+	return p
+}
+
+// pinnedWithKeys is a pinned data path with n limits (one of them keyed by
+// source) and keys buckets, as `rlagent status` finds it.
+func pinnedWithKeys(tb testing.TB, n, keys int) string {
+	tb.Helper()
+	testenv.RequireRoot(tb)
+	dir := testenv.BPFFS(tb)
+	dp, err := maps.Load(maps.Options{PinDir: dir, MaxBuckets: uint32(keys * 2)})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer dp.Close()
+	for id := range uint32(n) {
+		l := maps.Limit{Rate: 1_000_000, Burst: 100_000, Match: maps.Match{Protocol: maps.UDP, DstPorts: []maps.PortRange{{First: uint16(1000 + id), Last: uint16(1000 + id)}}}}
+		if id == 0 {
+			l.Key = maps.KeySrcIP
+			l.Match.DstPorts = []maps.PortRange{{First: 53, Last: 53}}
+		}
+		if err := dp.SetLimit(id, l); err != nil {
+			tb.Fatal(err)
+		}
+		if err := dp.SetMeta(id, maps.Meta{Name: limitsName(int(id)), GlobalRate: l.Rate, Replicas: 1, SnapAt: time.Now()}); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	for i := range keys {
+		if _, err := dp.Program().Run(&ebpf.RunOptions{Data: udpFrom(0x0b000000 + uint32(i))}); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	return dir
+}
+
+func TestReadStatusFromPins(t *testing.T) {
+	dir := pinnedWithKeys(t, 3, 500)
+	st, err := ReadStatus(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st) != 3 {
+		t.Fatalf("%d limits in status, want 3", len(st))
+	}
+	var keyed *LimitStatus
+	for i := range st {
+		if st[i].ID == 0 {
+			keyed = &st[i]
+		}
+	}
+	if keyed == nil || keyed.Keys != 500 || keyed.Totals.AdmittedPackets != 500 || keyed.Totals.NewKeys != 500 {
+		t.Fatalf("keyed limit status %+v, want 500 keys, admitted and new keys", keyed)
+	}
+	if keyed.Name != "limits=0" || keyed.ShareRate != 1_000_000 || keyed.Evictions != 0 {
+		t.Fatalf("keyed limit status %+v", keyed)
+	}
+	if keyed.AdmittedPerSecond <= 0 || keyed.Interval <= 0 {
+		t.Fatalf("no rate since the snapshot: %+v", keyed)
+	}
+}
+
+// Benchmark: what `rlagent status` does with 100 limits and 100k keys:
+// open the pins, read every limit, count the keys.
+func BenchmarkStatus(b *testing.B) {
+	dir := pinnedWithKeys(b, 100, 100_000)
+	b.ResetTimer()
+	for range b.N {
+		st, err := ReadStatus(dir)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(st) != 100 {
+			b.Fatalf("%d limits", len(st))
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Milliseconds())/float64(b.N), "ms/status")
+}
