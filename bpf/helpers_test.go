@@ -3,11 +3,9 @@ package bpf_test
 import (
 	"encoding/binary"
 	"net/netip"
-	"runtime"
 	"testing"
 
 	"github.com/cilium/ebpf"
-	"golang.org/x/sys/unix"
 
 	"github.com/rlagent/rlagent/internal/testenv"
 	"github.com/rlagent/rlagent/maps"
@@ -81,27 +79,9 @@ func mustRepeat(tb testing.TB, prog *ebpf.Program, pkt []byte, n uint32) {
 	}
 }
 
-// pinCPU locks the calling goroutine to its thread and the thread to cpu,
-// so that test_run runs the program there. The caller must restore with
-// the returned function.
-func pinCPU(tb testing.TB, cpu int) func() {
-	tb.Helper()
-	runtime.LockOSThread()
-	var old unix.CPUSet
-	if err := unix.SchedGetaffinity(0, &old); err != nil {
-		tb.Fatal(err)
-	}
-	var set unix.CPUSet
-	set.Set(cpu)
-	if err := unix.SchedSetaffinity(0, &set); err != nil {
-		runtime.UnlockOSThread()
-		tb.Fatalf("pin to CPU %d: %v", cpu, err)
-	}
-	return func() {
-		unix.SchedSetaffinity(0, &old)
-		runtime.UnlockOSThread()
-	}
-}
+// pinCPU runs the calling goroutine on cpu until the returned function is
+// called: test_run runs the program on the caller's CPU.
+func pinCPU(tb testing.TB, cpu int) func() { return testenv.PinCPU(tb, cpu) }
 
 // Packet building. No checksums: the data path does not read them.
 

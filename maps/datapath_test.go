@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/netip"
 	"reflect"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -131,31 +130,6 @@ func udpPacket(src, dst string, dport uint16) []byte {
 	frame = binary.BigEndian.AppendUint16(frame, etype)
 	frame = append(frame, l3...)
 	return append(frame, udp...)
-}
-
-// pinCPU runs the calling goroutine on one CPU until the returned function
-// is called, so that every test_run uses that CPU's per-CPU state.
-func pinCPU(tb testing.TB) func() {
-	tb.Helper()
-	runtime.LockOSThread()
-	var old, set unix.CPUSet
-	if err := unix.SchedGetaffinity(0, &old); err != nil {
-		runtime.UnlockOSThread()
-		tb.Fatal(err)
-	}
-	cpu := 0
-	for !old.IsSet(cpu) && cpu < 1024 {
-		cpu++
-	}
-	set.Set(cpu)
-	if err := unix.SchedSetaffinity(0, &set); err != nil {
-		runtime.UnlockOSThread()
-		tb.Fatalf("pin to CPU %d: %v", cpu, err)
-	}
-	return func() {
-		unix.SchedSetaffinity(0, &old)
-		runtime.UnlockOSThread()
-	}
 }
 
 // sameLimit compares a limit as read back with the one that was set: the
@@ -486,7 +460,7 @@ func TestFreshLimitResetsTokens(t *testing.T) {
 	}
 
 	t.Run("delete", func(t *testing.T) {
-		defer pinCPU(t)() // the leased tokens are this CPU's
+		defer testenv.PinCPU(t, firstCPU(t))() // the leased tokens are this CPU's
 		// chunk min(100, 1000/8) = 100: the first packet leases 100 tokens.
 		mustSetLimit(t, d, 1, Limit{Rate: 100_000, Burst: 1000, Match: match})
 		mustPass(t, d, pkt, 10)
@@ -514,7 +488,7 @@ func TestFreshLimitResetsTokens(t *testing.T) {
 		}
 	})
 	t.Run("unit", func(t *testing.T) {
-		defer pinCPU(t)()
+		defer testenv.PinCPU(t, firstCPU(t))()
 		// Bytes, chunk 100: the first 42-byte packet leases 100, keeps 58.
 		mustSetLimit(t, d, 2, Limit{Rate: 100_000, Burst: 10_000, Unit: Bytes, Match: match})
 		if n := passes(t, 1); n != 1 {
@@ -748,7 +722,7 @@ func TestChangeLimit(t *testing.T) {
 func TestRateRaiseCancelsWait(t *testing.T) {
 	t.Parallel()
 	d := loadTestClock(t)
-	defer pinCPU(t)() // the wait is this CPU's
+	defer testenv.PinCPU(t, firstCPU(t))() // the wait is this CPU's
 
 	pkt := udpPacket("10.0.0.1", "10.0.0.2", 53)
 	l := Limit{Rate: 1, Burst: 1, Match: Match{Protocol: UDP, DstPorts: ports(PortRange{53, 53})}}
@@ -907,4 +881,20 @@ func TestPinning(t *testing.T) {
 	if got, err := d.Limit(3); err != nil || got.Match.SrcCIDRs[0] != netip.MustParsePrefix("10.1.0.0/16") {
 		t.Errorf("Limit(3) after the second reload = %+v, %v", got, err)
 	}
+}
+
+// firstCPU is the first CPU this process may run on.
+func firstCPU(tb testing.TB) int {
+	tb.Helper()
+	var set unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &set); err != nil {
+		tb.Fatal(err)
+	}
+	for cpu := range 1024 {
+		if set.IsSet(cpu) {
+			return cpu
+		}
+	}
+	tb.Fatal("no CPU in the affinity mask")
+	return 0
 }

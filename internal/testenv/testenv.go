@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -83,4 +84,26 @@ func BPFFS(tb testing.TB) string {
 		}
 	})
 	return filepath.Join(dir, "rlagent")
+}
+
+// PinCPU locks the calling goroutine to its OS thread and the thread to
+// cpu, so that BPF_PROG_TEST_RUN runs the program there. The returned
+// function restores the affinity and unlocks the thread.
+func PinCPU(tb testing.TB, cpu int) func() {
+	tb.Helper()
+	runtime.LockOSThread()
+	var old, set unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &old); err != nil {
+		runtime.UnlockOSThread()
+		tb.Fatal(err)
+	}
+	set.Set(cpu)
+	if err := unix.SchedSetaffinity(0, &set); err != nil {
+		runtime.UnlockOSThread()
+		tb.Fatalf("pin to CPU %d: %v", cpu, err)
+	}
+	return func() {
+		unix.SchedSetaffinity(0, &old)
+		runtime.UnlockOSThread()
+	}
 }
