@@ -55,20 +55,25 @@ enum {
 
 struct match {
 	__u32 id;
-	__u32 slot;		/* rl_key_cache index, or RL_NO_SLOT */
+	__u32 slot;		/* rl_key_cache set x RL_KEY_CACHE_WAYS + way, or RL_NO_SLOT */
 	__u32 cost;
 	__u32 state;
 };
 
+/* The hash of a keyed bucket: picks its cache set, its tombstone and the
+ * tombstone's fingerprint. One multiply on the packet's path: the address
+ * words are folded into 64 bits and multiplied by an odd constant, whose
+ * high bits depend on every bit of the product, then folded down; the limit
+ * and generation, mixed in first, put the same address's buckets of
+ * different limits in different sets. Not keyed: a sender who picks
+ * addresses that share a set makes them take each other's ways (each taker
+ * pays a pool lookup), which costs time, not accuracy. */
 static __always_inline __u64 rl_hash(__u32 id, __u32 gen, const __u32 a[4])
 {
-	__u64 h = (((__u64)id << 32) | gen) * 0x9E3779B97F4A7C15ULL;
+	__u64 x = (((__u64)(a[0] ^ a[2]) << 32) | (a[1] ^ a[3])) ^
+		  ((((__u64)id << 32) | gen) * 0x9E3779B97F4A7C15ULL);
+	__u64 h = x * 0xFF51AFD7ED558CCDULL;
 
-	h ^= ((((__u64)a[0] << 32) | a[1]) * 0xC2B2AE3D27D4EB4FULL);
-	h = (h << 31) | (h >> 33);
-	h ^= ((((__u64)a[2] << 32) | a[3]) * 0x165667B19E3779F9ULL);
-	h ^= h >> 29;
-	h *= 0xFF51AFD7ED558CCDULL;
 	return h ^ (h >> 32);
 }
 
@@ -156,6 +161,19 @@ static __always_inline void rl_global_count(int field)
 		g->pool_full++;
 }
 
+/* Finds a keyed bucket's way in this CPU's cache set. Returns the way
+ * holding key k, or RL_KEY_CACHE_WAYS if none does. */
+static __always_inline __u32 rl_key_way(const struct rl_key_set *set, const struct rl_bucket_key *k)
+{
+	if (rl_key_equal(&set->way[0].key, k))
+		return 0;
+	if (rl_key_equal(&set->way[1].key, k))
+		return 1;
+	return RL_KEY_CACHE_WAYS;
+}
+
+_Static_assert(RL_KEY_CACHE_WAYS == 2, "rl_key_way compares two ways");
+
 /* Decides one limit for one packet without drawing: makes sure this CPU's
  * cache holds the packet's cost, leasing if needed.
  *
@@ -186,21 +204,28 @@ __noinline int rl_check(const struct pkt *p, struct match *m, __u64 *now)
 		c = &lc->cache;
 	} else {
 		struct rl_bucket_key k = { .limit = id, .gen = lim->gen };
+		struct rl_key_set *set;
 		struct rl_key_slot *s;
+		__u32 si, w;
 		bool cached;
-		__u32 slot;
 
 		rl_bucket_key(lim, p, &k);
 		h = rl_hash(id, lim->gen, k.addr);
-		slot = h & (RL_KEY_CACHE_SLOTS - 1);
-		s = bpf_map_lookup_elem(&rl_key_cache, &slot);
-		if (!s)
+		si = h & (RL_KEY_CACHE_SETS - 1);
+		set = bpf_map_lookup_elem(&rl_key_cache, &si);
+		if (!set)
 			return MATCH_FAIL_OPEN;
-		m->slot = slot;
+		w = rl_key_way(set, &k);
+		cached = w < RL_KEY_CACHE_WAYS;
+		if (!cached)
+			w = !set->mru;	/* the least recently used way */
+		w &= RL_KEY_CACHE_WAYS - 1;
+		set->mru = w;
+		s = &set->way[w];
+		m->slot = si * RL_KEY_CACHE_WAYS + w;
 		c = &s->cache;
-		cached = rl_key_equal(&s->key, &k);
 		if (!cached) {
-			/* Another bucket's slot: hand its tokens back and take it. */
+			/* Another bucket's way: hand its tokens back and take it. */
 			if (c->tokens && s->key.gen) {
 				struct rl_pool *old = bpf_map_lookup_elem(&rl_buckets, &s->key);
 
@@ -256,12 +281,12 @@ static __always_inline void rl_commit(const struct match *m, __u32 len, bool pas
 		if (m->slot == RL_NO_SLOT) {
 			lc->cache.tokens -= m->cost;
 		} else {
-			__u32 slot = m->slot;
-			struct rl_key_slot *s = bpf_map_lookup_elem(&rl_key_cache, &slot);
+			__u32 si = m->slot / RL_KEY_CACHE_WAYS;
+			struct rl_key_set *set = bpf_map_lookup_elem(&rl_key_cache, &si);
 
-			if (!s)
+			if (!set)
 				return;
-			s->cache.tokens -= m->cost;
+			set->way[m->slot & (RL_KEY_CACHE_WAYS - 1)].cache.tokens -= m->cost;
 		}
 		lc->stats.admitted_packets++;
 		lc->stats.admitted_bytes += len;
@@ -277,37 +302,14 @@ static __always_inline void rl_commit(const struct match *m, __u32 len, bool pas
 	}
 }
 
-/* The packet's candidate limits: direction, protocol and port, then source
- * and destination prefixes only if a candidate is restricted by them. */
-static __always_inline bool rl_classify(const struct pkt *p, __u32 dir, struct rl_mask *out)
+/* Narrows the candidates to the limits whose source (destination) CIDRs
+ * contain the packet's address, for the candidates restricted by them. A
+ * missing prefix leaves src/dst zero: the restricted limits drop out. */
+static __always_inline void rl_classify_cidr(const struct pkt *p, const struct rl_config *cfg,
+					     bool need_src, bool need_dst, struct rl_mask *out)
 {
-	__u32 zero = 0, cls = p->pclass, port_idx;
-	struct rl_config *cfg = bpf_map_lookup_elem(&rl_cfg, &zero);
-	struct rl_mask *any, *m, ports = {}, src = {}, dst = {};
-	__u64 need_src = 0, need_dst = 0, all = 0;
+	struct rl_mask *m, src = {}, dst = {};
 
-	if (!cfg || dir >= RL_DIRECTIONS)
-		return false;
-	any = bpf_map_lookup_elem(&rl_proto_any, &cls);
-	if (!any)
-		return false;
-	if (p->has_ports && cls <= RL_PROTO_UDP) {
-		port_idx = cls * RL_PORT_SPACE + p->dport;
-		m = bpf_map_lookup_elem(&rl_ports, &port_idx);
-		if (m)
-			ports = *m;
-	}
-
-#pragma unroll
-	for (int w = 0; w < RL_MASK_WORDS; w++) {
-		__u64 c = (any->w[w] | ports.w[w]) & cfg->dir[dir].w[w];
-
-		out->w[w] = c;
-		need_src |= c & cfg->src_cidr.w[w];
-		need_dst |= c & cfg->dst_cidr.w[w];
-	}
-
-	/* A missing prefix leaves src/dst zero: the restricted limits drop out. */
 	if (need_src) {
 		if (p->family == 4) {
 			struct rl_lpm4 k = { .prefixlen = 32, .addr = p->src[3] };
@@ -339,22 +341,189 @@ static __always_inline bool rl_classify(const struct pkt *p, __u32 dir, struct r
 			out->w[w] &= src.w[w] | ~cfg->src_cidr.w[w];
 		if (need_dst)
 			out->w[w] &= dst.w[w] | ~cfg->dst_cidr.w[w];
-		all |= out->w[w];
 	}
-	return all != 0;
 }
+
+/* The packet's candidate limits: one array entry by protocol and port (user
+ * space ORs the class's port-less limits into every port entry, so that a
+ * packet with ports needs no rl_proto_any lookup), ANDed with the
+ * direction's limits; then source and destination prefixes, only if a
+ * candidate is restricted by them. */
+static __always_inline bool rl_classify(const struct pkt *p, __u32 dir, struct rl_mask *out)
+{
+	__u32 zero = 0, idx;
+	struct rl_config *cfg = bpf_map_lookup_elem(&rl_cfg, &zero);
+	__u64 need_src = 0, need_dst = 0;
+	struct rl_mask *m;
+
+	if (!cfg || dir >= RL_DIRECTIONS)
+		return false;
+	/* Two call sites, kept apart (barrier_var): merged into one call with
+	 * either map, the verifier could no longer inline the array lookup. */
+	if (p->has_ports) {	/* TCP or UDP */
+		idx = p->pclass * RL_PORT_SPACE + p->dport;
+		m = bpf_map_lookup_elem(&rl_ports, &idx);
+		barrier_var(m);
+	} else {
+		idx = p->pclass;
+		m = bpf_map_lookup_elem(&rl_proto_any, &idx);
+		barrier_var(m);
+	}
+	if (!m)
+		return false;
+
+#pragma unroll
+	for (int w = 0; w < RL_MASK_WORDS; w++) {
+		__u64 c = m->w[w] & cfg->dir[dir].w[w];
+
+		out->w[w] = c;
+		need_src |= c & cfg->src_cidr.w[w];
+		need_dst |= c & cfg->dst_cidr.w[w];
+	}
+	if (need_src | need_dst)
+		rl_classify_cidr(p, cfg, need_src, need_dst, out);
+	return (out->w[0] | out->w[1]) != 0;
+}
+
+/* Index of the lowest set bit of x (x != 0): de Bruijn multiply and a table
+ * in .rodata (one load), rather than six compare-and-branch steps. */
+static const __u8 rl_debruijn[64] = {
+	0, 1, 56, 2, 57, 49, 28, 3, 61, 58, 42, 50, 38, 29, 17, 4,
+	62, 47, 59, 36, 45, 43, 51, 22, 53, 39, 33, 30, 24, 18, 12, 5,
+	63, 55, 48, 27, 60, 41, 37, 16, 46, 35, 44, 21, 52, 32, 23, 11,
+	54, 26, 40, 15, 34, 20, 31, 10, 25, 14, 19, 9, 13, 8, 7, 6,
+};
+
+_Static_assert(RL_MASK_WORDS == 2, "rl_classify and rl_enforce read two mask words");
 
 static __always_inline __u32 rl_ctz64(__u64 x)
 {
-	__u32 n = 0;
+	return rl_debruijn[((x & -x) * 0x03F79D71B4CA8B09ULL) >> 58];
+}
 
-	if (!(x & 0xffffffffULL)) { n += 32; x >>= 32; }
-	if (!(x & 0xffffULL)) { n += 16; x >>= 16; }
-	if (!(x & 0xffULL)) { n += 8; x >>= 8; }
-	if (!(x & 0xfULL)) { n += 4; x >>= 4; }
-	if (!(x & 0x3ULL)) { n += 2; x >>= 2; }
-	if (!(x & 0x1ULL)) { n += 1; }
-	return n;
+/* The whole decision for a packet that matches exactly one limit, with the
+ * common cases inlined: the CPU's cache holds the cost (draw it and admit),
+ * or a key-less limit's CPU waits for its pool to refill (reject without
+ * touching the pool). Everything else (lease, new key, taking a cache way, stale
+ * generation) goes through rl_check and rl_commit, as in the general case. */
+static __always_inline bool rl_enforce_one(const struct pkt *p, __u32 id, __u64 *now)
+{
+	struct rl_limit_cpu *lc = bpf_map_lookup_elem(&rl_percpu, &id);
+	struct rl_limit *lim = bpf_map_lookup_elem(&rl_limits, &id);
+	struct match m = { .id = id };
+	struct rl_cache *c;
+	__u32 cost;
+
+	if (!lim || !lc || !lim->gen)
+		return true;	/* stale classifier bit: not a limit */
+	cost = lim->unit == RL_UNIT_BYTES ? p->len : 1;
+
+	if (lim->key_kind == RL_KEY_NONE) {
+		c = &lc->cache;
+		if (c->gen != lim->gen)
+			goto slow;
+		if (c->tokens < cost) {
+			/* The pool was short: drop until a chunk has accrued. */
+			if (c->seq != lim->seq || c->retry_ns <= rl_now(now))
+				goto slow;
+			if (lim->action == RL_ACTION_SHADOW) {
+				lc->stats.shadow_packets++;
+				lc->stats.shadow_bytes += p->len;
+				return true;
+			}
+			lc->stats.dropped_packets++;
+			lc->stats.dropped_bytes += p->len;
+			return false;
+		}
+	} else {
+		struct rl_bucket_key k = { .limit = id, .gen = lim->gen };
+		struct rl_key_set *set;
+		__u32 si, w;
+
+		rl_bucket_key(lim, p, &k);
+		si = rl_hash(id, lim->gen, k.addr) & (RL_KEY_CACHE_SETS - 1);
+		set = bpf_map_lookup_elem(&rl_key_cache, &si);
+		if (!set)
+			return true;
+		w = rl_key_way(set, &k);
+		/* A keyed limit's over-limit path stays in rl_check: it must see
+		 * a pool that was evicted meanwhile. */
+		if (w >= RL_KEY_CACHE_WAYS)
+			goto slow;
+		c = &set->way[w].cache;
+		if (c->gen != lim->gen || c->tokens < cost)
+			goto slow;
+		if (set->mru != w)
+			set->mru = w;
+	}
+	c->tokens -= cost;
+	lc->stats.admitted_packets++;
+	lc->stats.admitted_bytes += p->len;
+	return true;
+
+slow:
+	m.state = rl_check(p, &m, now);
+	rl_commit(&m, p->len, m.state != MATCH_REJECT);
+	return m.state != MATCH_REJECT;
+}
+
+/* The common case of several candidates, inlined: every one is a key-less
+ * limit whose CPU cache holds the packet's cost. Then the packet passes and
+ * each draws its cost. Returns false, having drawn nothing, if any candidate
+ * needs more (lease, keys, over limit, more than RL_MAX_MATCH candidates):
+ * rl_enforce then goes the general way. */
+static __always_inline bool rl_enforce_fast(const struct pkt *p, const struct rl_mask *cand)
+{
+	__u64 bits = cand->w[0];
+	__u32 w = 0;
+
+	for (int i = 0; i < RL_MAX_MATCH + 1; i++) {
+		struct rl_limit_cpu *lc;
+		struct rl_limit *lim;
+		__u32 id;
+
+		if (!bits) {
+			if (w || !cand->w[1])
+				break;
+			w = 1;
+			bits = cand->w[1];
+		}
+		if (i == RL_MAX_MATCH)
+			return false;	/* overflow: counted on the general way */
+		id = w * 64 + rl_ctz64(bits);
+		bits &= bits - 1;
+		lc = bpf_map_lookup_elem(&rl_percpu, &id);
+		lim = bpf_map_lookup_elem(&rl_limits, &id);
+		if (!lim || !lc || !lim->gen || lim->key_kind != RL_KEY_NONE ||
+		    lc->cache.gen != lim->gen ||
+		    lc->cache.tokens < (lim->unit == RL_UNIT_BYTES ? p->len : 1))
+			return false;
+	}
+
+	bits = cand->w[0];
+	w = 0;
+	for (int i = 0; i < RL_MAX_MATCH; i++) {
+		struct rl_limit_cpu *lc;
+		struct rl_limit *lim;
+		__u32 id;
+
+		if (!bits) {
+			if (w || !cand->w[1])
+				break;
+			w = 1;
+			bits = cand->w[1];
+		}
+		id = w * 64 + rl_ctz64(bits);
+		bits &= bits - 1;
+		lc = bpf_map_lookup_elem(&rl_percpu, &id);
+		lim = bpf_map_lookup_elem(&rl_limits, &id);
+		if (!lim || !lc)
+			continue;	/* cannot happen: checked above */
+		lc->cache.tokens -= lim->unit == RL_UNIT_BYTES ? p->len : 1;
+		lc->stats.admitted_packets++;
+		lc->stats.admitted_bytes += p->len;
+	}
+	return true;
 }
 
 /* Returns true if the packet may pass. */
@@ -369,6 +538,15 @@ static __always_inline bool rl_enforce(const struct pkt *p, __u32 dir)
 	if (!rl_classify(p, dir, &cand))
 		return true;
 
+	/* Exactly one candidate: the common case, decided inline. */
+	if (!(cand.w[0] & (cand.w[0] - 1)) && !cand.w[1])
+		return rl_enforce_one(p, rl_ctz64(cand.w[0]), &now);
+	if (!cand.w[0] && !(cand.w[1] & (cand.w[1] - 1)))
+		return rl_enforce_one(p, 64 + rl_ctz64(cand.w[1]), &now);
+	if (rl_enforce_fast(p, &cand))
+		return true;
+
+	/* Check every candidate without drawing, then commit: all or nothing. */
 	bits = cand.w[0];
 	for (int i = 0; i < RL_MAX_MATCH; i++) {
 		while (!bits && w < RL_MASK_WORDS - 1) {

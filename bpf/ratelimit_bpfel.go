@@ -61,7 +61,8 @@ const (
 	RatelimitRlConstRL_MASK_WORDS        RatelimitRlConst = 2
 	RatelimitRlConstRL_MAX_MATCH         RatelimitRlConst = 8
 	RatelimitRlConstRL_PORT_SPACE        RatelimitRlConst = 65536
-	RatelimitRlConstRL_KEY_CACHE_SLOTS   RatelimitRlConst = 8192
+	RatelimitRlConstRL_KEY_CACHE_SETS    RatelimitRlConst = 4096
+	RatelimitRlConstRL_KEY_CACHE_WAYS    RatelimitRlConst = 2
 	RatelimitRlConstRL_CAS_TRIES         RatelimitRlConst = 4
 	RatelimitRlConstRL_STALE_NS          RatelimitRlConst = 10000000
 	RatelimitRlConstRL_MAX_RATE          RatelimitRlConst = 1000000000
@@ -93,6 +94,13 @@ const (
 	RatelimitRlKeyKindRL_KEY_SRC_PREFIX RatelimitRlKeyKind = 3
 	RatelimitRlKeyKindRL_KEY_DST_PORT   RatelimitRlKeyKind = 4
 )
+
+type RatelimitRlKeySet struct {
+	_   structs.HostLayout
+	Way [2]RatelimitRlKeySlot
+	Mru uint32
+	Pad uint32
+}
 
 type RatelimitRlKeySlot struct {
 	_     structs.HostLayout

@@ -31,15 +31,32 @@ func or(a, b mask) (r mask) {
 	}
 	return r
 }
+func andNot(a, b mask) (r mask) {
+	for i := range r.W {
+		r.W[i] = a.W[i] &^ b.W[i]
+	}
+	return r
+}
 
 // classifier is the content of the classifier maps: what the data path
 // reads to find the limits of a packet.
+//
+// ports holds the limits restricted to each port. The rl_ports map holds
+// more: each entry also carries its class's protoAny limits (portEntry), so
+// that the data path finds a packet's candidates in one lookup.
 type classifier struct {
 	cfg      bpf.RatelimitRlConfig
 	protoAny [bpf.RatelimitRlProtoClassRL_PROTO_CLASSES]mask
 	ports    []mask // class x 65536 + port, TCP and UDP
 	src, dst map[netip.Prefix]mask
+	// unfolded: read from a port table whose entries lack their class's
+	// protoAny limits (written by an older version); apply rewrites them all.
+	unfolded bool
 }
+
+// portEntry is what rl_ports holds at index i: the port's limits and the
+// limits of its class that have no port restriction.
+func (c *classifier) portEntry(i int) mask { return or(c.ports[i], c.protoAny[i/portSpace]) }
 
 func newClassifier() *classifier {
 	return &classifier{
@@ -164,9 +181,9 @@ func (d *Datapath) apply(cur, next *classifier) error {
 	var keys []uint32
 	var vals []mask
 	for i := range next.ports {
-		if next.ports[i] != cur.ports[i] {
+		if v := next.portEntry(i); v != cur.portEntry(i) || cur.unfolded {
 			keys = append(keys, uint32(i))
-			vals = append(vals, next.ports[i])
+			vals = append(vals, v)
 		}
 	}
 	if len(keys) > 0 {
@@ -238,6 +255,13 @@ func (d *Datapath) readClassifier() (*classifier, error) {
 	}
 	if err := d.readPorts(c.ports); err != nil {
 		return nil, fmt.Errorf("read port table: %w", err)
+	}
+	for i, m := range c.ports {
+		any := c.protoAny[i/portSpace]
+		if and(m, any) != any {
+			c.unfolded = true
+		}
+		c.ports[i] = andNot(m, any)
 	}
 	var v mask
 	for _, t := range []struct {

@@ -296,6 +296,16 @@ func (d *Datapath) adopt() error {
 	if err != nil {
 		return err
 	}
+	if cls.unfolded {
+		// Port entries without their class's port-less limits: the data
+		// path would miss those limits on packets with ports.
+		folded := *cls
+		folded.unfolded = false
+		if err := d.apply(cls, &folded); err != nil {
+			return fmt.Errorf("rewrite port table: %w", err)
+		}
+		cls = &folded
+	}
 	d.state = cls
 	var (
 		id uint32

@@ -21,7 +21,8 @@ enum rl_const {
 	RL_MASK_WORDS = RL_MAX_LIMITS / 64,
 	RL_MAX_MATCH = 8,	/* limits enforced on one packet; more are counted in match_overflow */
 	RL_PORT_SPACE = 65536,
-	RL_KEY_CACHE_SLOTS = 8192, /* per-CPU direct-mapped cache of keyed buckets; power of two */
+	RL_KEY_CACHE_SETS = 4096, /* sets of the per-CPU cache of keyed buckets; power of two */
+	RL_KEY_CACHE_WAYS = 2,	/* buckets per set */
 	RL_CAS_TRIES = 4,	/* lease attempts on a contended pool before the packet is rejected */
 	RL_STALE_NS = 10000000,	/* a lease older than this hands its remainder back on the next lease */
 	RL_MAX_RATE = 1000000000, /* units/s; keeps the fixed-point products below 2^64 */
@@ -178,6 +179,14 @@ struct rl_pool {
 struct rl_key_slot {
 	struct rl_bucket_key key;
 	struct rl_cache cache;
+};
+
+/* One set of the per-CPU keyed-bucket cache: the buckets whose hash selects
+ * it, least recently used replaced first. */
+struct rl_key_set {
+	struct rl_key_slot way[RL_KEY_CACHE_WAYS];
+	__u32 mru;	/* the way used last */
+	__u32 pad;
 };
 
 /* Counters that belong to no limit, per CPU. */
