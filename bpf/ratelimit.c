@@ -261,8 +261,15 @@ __noinline int rl_check(const struct pkt *p, struct match *m, __u64 *now)
 			return MATCH_FAIL_OPEN;
 	}
 	params = &lim->params[lim->active & 1];
-	if (rl_lease(pool, c, params, lim->seq, m->cost, rl_now(now)))
+	switch (rl_lease(pool, c, params, lim->seq, m->cost, rl_now(now))) {
+	case RL_LEASE_OK:
 		return MATCH_ADMIT;
+	case RL_LEASE_CONTENDED:
+		rl_global_count(1);
+		break;
+	default:
+		break;
+	}
 	return lim->action == RL_ACTION_SHADOW ? MATCH_SHADOW : MATCH_REJECT;
 }
 

@@ -47,16 +47,21 @@ static __always_inline __u64 rl_accrual_ns(const struct rl_params *p, __u64 n)
 	return (n / p->rate) * NSEC_PER_SEC + ((n % p->rate) * NSEC_PER_SEC) / p->rate;
 }
 
-/* Makes the cache hold at least cost tokens, leasing from pool.
- * Returns true if it does. */
-static __always_inline bool rl_lease(struct rl_pool *pool, struct rl_cache *c,
+enum rl_lease_result {
+	RL_LEASE_OK,		/* the cache holds at least cost tokens */
+	RL_LEASE_SHORT,		/* the pool does not have them (yet) */
+	RL_LEASE_CONTENDED,	/* RL_CAS_TRIES compare-and-swaps lost to other CPUs */
+};
+
+/* Makes the cache hold at least cost tokens, leasing from pool. */
+static __always_inline enum rl_lease_result rl_lease(struct rl_pool *pool, struct rl_cache *c,
 				     const struct rl_params *p, __u32 seq,
 				     __u64 cost, __u64 now)
 {
 	__u64 v, floor, give = 0, held = c->tokens, short_by, want;
 
 	if (c->retry_ns > now && c->seq == seq)
-		return false;
+		return RL_LEASE_SHORT;
 
 	v = rl_vclock(p, now);
 	/* The pool never holds more than burst: v_empty >= V - burst. */
@@ -79,17 +84,17 @@ static __always_inline bool rl_lease(struct rl_pool *pool, struct rl_cache *c,
 			c->retry_ns = now + rl_min(rl_accrual_ns(p, rl_min(want, p->burst) - avail),
 						   ~0ULL - now);
 			c->seq = seq;
-			return false;
+			return RL_LEASE_SHORT;
 		}
 		take = rl_min(want, avail);
 		if (__sync_val_compare_and_swap(&pool->v_empty, old, base + take) == old) {
 			c->tokens = held + take;
 			c->lease_ns = now;
 			c->retry_ns = 0;
-			return true;
+			return RL_LEASE_OK;
 		}
 	}
-	return false;
+	return RL_LEASE_CONTENDED;
 }
 
 /* Hands tokens a CPU holds back to the pool (a cache slot taken over by
