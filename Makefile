@@ -34,7 +34,7 @@ BPF_PACKAGES := clang llvm libbpf-dev
 # Tests read this to turn "needs root" and "kernel lacks X" skips into failures (CI sets it).
 export RLAGENT_REQUIRE_ROOT_TESTS
 
-.PHONY: help deps-bpf generate verify-generate build test test-fuzz bench clean
+.PHONY: help deps-bpf generate verify-generate build test test-fuzz bench demo clean
 
 help: ## list targets and variables
 	@echo 'Usage: make <target> [VAR=value ...]'
@@ -85,7 +85,7 @@ build: ## go build ./... and, once cmd/rlagent exists, bin/rlagent
 		echo 'build: cmd/rlagent does not exist yet; no binary built'; \
 	fi
 
-test: ## go vet and go test ./... (as root the BPF tests run; RLAGENT_REQUIRE_ROOT_TESTS=1 makes skips fail)
+test: ## go vet and go test ./... (as root the BPF and end-to-end tests run; RLAGENT_REQUIRE_ROOT_TESTS=1 makes skips fail)
 	$(GO) vet ./...
 	$(GO) test -count=1 $(TESTFLAGS) ./...
 
@@ -95,6 +95,11 @@ test-fuzz: ## fuzz the bpf/ packet parser (FUZZ, default FuzzParse) for FUZZTIME
 bench: ## run the bpf/ benchmarks into bench.out and print the summary table
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -count $(BENCHCOUNT) ./bpf/ | tee bench.out
 	$(GO) run ./internal/benchtable < bench.out
+
+demo: ## as root: rate-limit real UDP between two network namespaces while the replica count changes (~45 s)
+	$(GO) build -o bin/rlagent ./cmd/rlagent
+	$(GO) build -o bin/rlagent-demo ./test/demo
+	./bin/rlagent-demo --rlagent bin/rlagent
 
 clean: ## remove bin/ and bench.out
 	rm -rf bin/ bench.out

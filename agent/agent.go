@@ -50,7 +50,8 @@ type Agent struct {
 	ids     map[string]uint32     // limit name -> id
 	applied map[uint32]maps.Limit // what was last written, by id
 	meta    map[uint32]maps.Meta
-	warned  map[string]string // limit name -> last warning logged
+	pending map[uint32]counterSnap // counters read at the last tick
+	warned  map[string]string      // limit name -> last warning logged
 
 	reloadErrors prometheus.Counter
 	reloads      prometheus.Counter
@@ -77,6 +78,7 @@ func Run(ctx context.Context, opts Options) error {
 		ids:     make(map[string]uint32),
 		applied: make(map[uint32]maps.Limit),
 		meta:    make(map[uint32]maps.Meta),
+		pending: make(map[uint32]counterSnap),
 		warned:  make(map[string]string),
 		notify:  make(chan struct{}, 1),
 		reloadErrors: prometheus.NewCounter(prometheus.CounterOpts{

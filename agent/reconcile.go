@@ -164,6 +164,8 @@ func (a *Agent) divideLimit(l *v1alpha1.Limit) (*desiredLimit, error) {
 }
 
 // snapshot records each limit's counters, for status to compute rates.
+// What it writes is the previous tick's reading, so that status always
+// divides by 1 to 2 seconds of traffic, never by a fresh, near-zero interval.
 func (a *Agent) snapshot() {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -173,7 +175,10 @@ func (a *Agent) snapshot() {
 		if err != nil {
 			continue
 		}
-		m.SnapAt, m.SnapAdmitted, m.SnapDropped, m.SnapShadow = now, st.AdmittedPackets, st.DroppedPackets, st.ShadowPackets
+		if prev, ok := a.pending[id]; ok {
+			m.SnapAt, m.SnapAdmitted, m.SnapDropped, m.SnapShadow = prev.at, prev.admitted, prev.dropped, prev.shadow
+		}
+		a.pending[id] = counterSnap{now, st.AdmittedPackets, st.DroppedPackets, st.ShadowPackets}
 		// The observation age moves on its own; refresh it with the counts.
 		obs := a.source.Observe(m.Name)
 		m.Observed, m.Stale = obs.At, obs.Err != nil
@@ -181,6 +186,11 @@ func (a *Agent) snapshot() {
 			a.meta[id] = m
 		}
 	}
+}
+
+type counterSnap struct {
+	at                        time.Time
+	admitted, dropped, shadow uint64
 }
 
 // readStatus is the metrics collector's view.

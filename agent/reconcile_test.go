@@ -58,7 +58,7 @@ func newTestAgent(tb testing.TB, cfg string, src watcher.Source) *Agent {
 	return &Agent{
 		log: quiet(), cfg: c, dp: dp, source: src,
 		links: map[string]link.Link{}, ids: map[string]uint32{}, applied: map[uint32]maps.Limit{},
-		meta: map[uint32]maps.Meta{}, warned: map[string]string{},
+		meta: map[uint32]maps.Meta{}, warned: map[string]string{}, pending: map[uint32]counterSnap{},
 	}
 }
 

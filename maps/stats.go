@@ -11,14 +11,14 @@ import (
 
 // Stats are a limit's counters, summed over CPUs.
 type Stats struct {
-	AdmittedPackets uint64
-	AdmittedBytes   uint64 // frame bytes, L2 header included
-	DroppedPackets  uint64
-	DroppedBytes    uint64
-	ShadowPackets   uint64 // would have been dropped; passed (action shadow)
-	ShadowBytes     uint64
-	NewKeys         uint64 // keyed limits: buckets created for a new key
-	ReturnedKeys    uint64 // keyed limits: keys back after their bucket was evicted
+	AdmittedPackets uint64 `json:"admittedPackets"`
+	AdmittedBytes   uint64 `json:"admittedBytes"` // frame bytes, L2 header included
+	DroppedPackets  uint64 `json:"droppedPackets"`
+	DroppedBytes    uint64 `json:"droppedBytes"`
+	ShadowPackets   uint64 `json:"shadowPackets"` // would have been dropped; passed (action shadow)
+	ShadowBytes     uint64 `json:"shadowBytes"`
+	NewKeys         uint64 `json:"newKeys"`      // keyed limits: buckets created for a new key
+	ReturnedKeys    uint64 `json:"returnedKeys"` // keyed limits: keys back after their bucket was evicted
 }
 
 // Stats reads a limit's counters.

@@ -39,7 +39,9 @@ cleanup" detaches and removes them.`,
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
-			return agent.Run(ctx, agent.Options{ConfigPath: config, Log: log})
+			return agent.Run(ctx, agent.Options{ConfigPath: config, Log: log, Ready: func(addr string) {
+				log.Info("ready", "metrics", addr)
+			}})
 		},
 	}
 	cmd.Flags().StringVarP(&config, "config", "c", defaultConfig, "config file (YAML, see docs/config.md)")

@@ -1,0 +1,233 @@
+package nettest
+
+import (
+	"bytes"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rlagent/rlagent/internal/testenv"
+)
+
+func TestMain(m *testing.M) {
+	MaybeExec()
+	os.Exit(m.Run())
+}
+
+// nsInode identifies a network namespace.
+func nsInode(t *testing.T, fd int) uint64 {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Ino
+}
+
+func TestPairReachesBothWays(t *testing.T) {
+	testenv.RequireRoot(t)
+	p := MustPair(t, PairConfig{Subnet4: netip.MustParsePrefix("10.201.7.0/24"), Subnet6: netip.MustParsePrefix("fd00:201:7::/64")})
+	if p.A4.String() != "10.201.7.1" || p.B4.String() != "10.201.7.2" || p.B6.String() != "fd00:201:7::2" {
+		t.Fatalf("addresses A4 %s B4 %s B6 %s", p.A4, p.B4, p.B6)
+	}
+	for _, tc := range []struct {
+		network  string
+		from, to *NS
+		dst      netip.Addr
+	}{
+		{"udp4", p.A, p.B, p.B4},
+		{"udp6", p.A, p.B, p.B6},
+		{"udp4", p.B, p.A, p.A4},
+		{"udp6", p.B, p.A, p.A6},
+	} {
+		t.Run(tc.network+"-"+tc.from.Name+"-"+tc.to.Name, func(t *testing.T) {
+			dst := netip.AddrPortFrom(tc.dst, 5300)
+			rc, err := tc.to.ListenUDP(tc.network, dst, 1<<20)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer rc.Close()
+			sc, err := tc.from.DialUDP(tc.network, dst)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer sc.Close()
+			if _, err := sc.Write([]byte("hello")); err != nil {
+				t.Fatal(err)
+			}
+			rc.SetReadDeadline(time.Now().Add(2 * time.Second))
+			buf := make([]byte, 64)
+			n, from, err := rc.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				t.Fatalf("nothing received: %v", err)
+			}
+			if string(buf[:n]) != "hello" {
+				t.Errorf("got %q", buf[:n])
+			}
+			if want := map[*NS]netip.Addr{p.A: p.A4, p.B: p.B4}[tc.from]; tc.network == "udp4" && from.Addr() != want {
+				t.Errorf("from %s, want %s", from.Addr(), want)
+			}
+		})
+	}
+}
+
+func TestDoRunsInTheNamespaceAndComesBack(t *testing.T) {
+	testenv.RequireRoot(t)
+	ns, err := NewNS("x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	self, err := os.Open("/proc/thread-self/ns/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	host := nsInode(t, int(self.Fd()))
+	self.Close()
+	var inside uint64
+	if err := ns.Do(func() error {
+		f, err := os.Open("/proc/thread-self/ns/net")
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		inside = nsInode(t, int(f.Fd()))
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if want := nsInode(t, int(ns.Handle())); inside != want || inside == host {
+		t.Errorf("Do ran in namespace %d; want %d (host %d)", inside, want, host)
+	}
+}
+
+// TestStartRunsTheProgramInTheNamespace starts this test binary through the
+// launcher and has it print the namespace it runs in.
+func TestStartRunsTheProgramInTheNamespace(t *testing.T) {
+	if os.Getenv("NETTEST_HELPER") == "1" {
+		b, err := os.Readlink("/proc/self/ns/net")
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Printf("NS=%s PID=%d\n", b, os.Getpid())
+		return
+	}
+	testenv.RequireRoot(t)
+	ns, err := NewNS("launch")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(self, "-test.run=^TestStartRunsTheProgramInTheNamespace$")
+	cmd.Env = append(os.Environ(), "NETTEST_HELPER=1")
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := ns.Start(cmd); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("%v: %s", err, out.String())
+	}
+	want := fmt.Sprintf("NS=net:[%d] PID=%d", nsInode(t, int(ns.Handle())), cmd.Process.Pid)
+	if !strings.Contains(out.String(), want) {
+		t.Errorf("output %q, want a line %q", out.String(), want)
+	}
+}
+
+func TestSenderPacesAndReceiverCounts(t *testing.T) {
+	testenv.RequireRoot(t)
+	p := MustPair(t, PairConfig{})
+	dst := netip.AddrPortFrom(p.B4, 5300)
+	rc, err := p.B.ListenUDP("udp4", dst, 4<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := StartReceiver(rc, ReceiverConfig{Span: 10 * time.Second})
+	defer r.Close()
+	sc, err := p.A.DialUDP("udp4", dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sc.Close()
+
+	const rate = 5000
+	s, err := StartSender(sc, SenderConfig{Rate: rate, Count: 1e6, Duration: 1500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-s.Done() // the duration bound stops it
+	time.Sleep(100 * time.Millisecond)
+	from := s.Sent().Start().Add(200 * time.Millisecond)
+	to := from.Add(time.Second)
+	if got := s.Sent().Rate(from, to); got < rate*0.95 || got > rate*1.05 {
+		t.Errorf("offered %.0f pkt/s, want %d +-5%%", got, rate)
+	}
+	if sent, got := s.Sent().Total(), r.Got().Total(); got != sent {
+		nerr, err := s.Errors()
+		t.Errorf("received %d of %d sent (write errors %d: %v)", got, sent, nerr, err)
+	}
+	if sent, got := s.Sent().Count(from, to), r.Got().Count(from, to); sent != got {
+		t.Errorf("the same window counts %d sent and %d received", sent, got)
+	}
+	if total := s.Sent().Total(); total < rate*1.3 || total > rate*1.6 {
+		t.Errorf("sent %d in 1.5 s at %d pkt/s", total, rate)
+	}
+	st, err := p.B.UDPStats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.InDatagrams != uint64(r.Got().Total()) || st.RcvbufErrors != 0 {
+		t.Errorf("namespace UDP stats %+v; the receiver got %d", st, r.Got().Total())
+	}
+
+	// The count bound stops it too, and SetRate applies.
+	s, err = StartSender(sc, SenderConfig{Rate: 100, Count: 300, Duration: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.SetRate(20000)
+	select {
+	case <-s.Done():
+	case <-time.After(2 * time.Second):
+		s.Stop()
+		t.Fatalf("a sender bounded to 300 packets at 20000 pkt/s still runs after 2 s (sent %d)", s.Sent().Total())
+	}
+	if got := s.Sent().Total(); got != 300 {
+		t.Errorf("sent %d, want the bound of 300", got)
+	}
+}
+
+func TestBinsCutWindowsAtBinBoundaries(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	b := newBins(t0, 10*time.Millisecond, time.Second)
+	for i := range 100 {
+		b.add(t0.Add(time.Duration(i)*10*time.Millisecond+time.Millisecond), int64(i))
+	}
+	b.add(t0.Add(-time.Millisecond), 7)
+	b.add(t0.Add(2*time.Second), 5)
+	if got := b.Count(t0, t0.Add(30*time.Millisecond)); got != 0+1+2 {
+		t.Errorf("Count of the first 3 bins = %d", got)
+	}
+	if got := b.Count(t0.Add(15*time.Millisecond), t0.Add(35*time.Millisecond)); got != 1+2 {
+		t.Errorf("Count rounded down = %d, want bins 1 and 2", got)
+	}
+	if got := b.Rate(t0, t0.Add(20*time.Millisecond)); got != 50 {
+		t.Errorf("Rate = %v, want 0+1 per 20 ms = 50/s", got)
+	}
+	if got := b.Series(t0, t0.Add(55*time.Millisecond), 20*time.Millisecond); len(got) != 2 || got[0] != 1 || got[1] != 5 {
+		t.Errorf("Series = %v, want [1 5]", got)
+	}
+	if b.Outside() != 12 || b.Total() != 4950+12 {
+		t.Errorf("outside %d total %d", b.Outside(), b.Total())
+	}
+}

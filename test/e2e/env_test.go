@@ -1,0 +1,379 @@
+package e2e
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rlagent/rlagent/agent"
+	"github.com/rlagent/rlagent/internal/nettest"
+)
+
+// globalRate is the limit every privileged test starts with, in pkt/s over
+// all replicas: counts 1, 2 and 4 give shares of 8000, 4000 and 2000, and the
+// sender offers twice the share. $RLAGENT_E2E_GLOBAL_RATE sets another (a
+// multiple of 40, so that every share and burst divides exactly), for a
+// machine that cannot send 16,000 pkt/s, such as a VM in software emulation.
+var globalRate uint64 = 8000
+
+// The limit: udp/53 in one bucket.
+const (
+	limitName = "dns"
+	port      = 53
+	// senderSpan bounds every sender of a test in time; senderMax in count.
+	senderSpan = 60 * time.Second
+	senderMax  = 2_000_000
+)
+
+// env is one test's world: two namespaces joined by veth (the client in A,
+// the agent's interface in B), a private bpffs for the pins, a config file
+// and a count file, and a receiver on B's udp/53 counting what the data path
+// admitted.
+type env struct {
+	t      *testing.T
+	pair   *nettest.Pair
+	dir    string
+	pinDir string
+	// preloaded are the files a new bpffs holds before anything is pinned
+	// (maps.debug and progs.debug, with CONFIG_BPF_PRELOAD).
+	preloaded []string
+	config    string
+	count     string
+	recv      *nettest.Receiver
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	e := &env{t: t, dir: t.TempDir()}
+	e.pinDir = filepath.Join(e.dir, "bpf")
+	e.config = filepath.Join(e.dir, "rlagent.yaml")
+	e.count = filepath.Join(e.dir, "replicas")
+	e.pair = nettest.MustPair(t, nettest.PairConfig{NameA: "client", NameB: "agent", IfA: "veth-client", IfB: "veth-agent"})
+
+	// A private bpffs that the agent (same mount namespace) and the test
+	// both see. Unmounting it removes whatever pins are left.
+	if err := os.Mkdir(e.pinDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("bpffs", e.pinDir, "bpf", 0, "mode=0700"); err != nil {
+		t.Fatalf("mount bpffs at %s: %v", e.pinDir, err)
+	}
+	e.preloaded = e.pins()
+	t.Cleanup(func() {
+		if _, err := os.Stat(filepath.Join(e.pinDir, "links")); err == nil {
+			// The test left the data path attached: remove it the user's way.
+			if out, err := exec.Command(rlagentBin, "cleanup", "--pin-dir", e.pinDir).CombinedOutput(); err != nil {
+				t.Errorf("rlagent cleanup: %v\n%s", err, out)
+			}
+		}
+		if err := unix.Unmount(e.pinDir, unix.MNT_DETACH); err != nil {
+			t.Errorf("unmount %s: %v", e.pinDir, err)
+		}
+	})
+
+	// One dual-stack socket receives IPv4 and IPv6.
+	conn, err := e.pair.B.ListenUDP("udp", netip.AddrPortFrom(netip.IPv6Unspecified(), port), 8<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.recv = nettest.StartReceiver(conn, nettest.ReceiverConfig{Span: 2 * time.Minute})
+	t.Cleanup(func() { e.recv.Close() })
+	return e
+}
+
+// configYAML is a config with the one limit at rate (global pkt/s), and
+// extra lines for it.
+func (e *env) configYAML(rate uint64, extra string) string {
+	return fmt.Sprintf(`interfaces: [%s]
+pinDir: %s
+metricsAddress: "off"
+count:
+  file: %s
+limits:
+  - name: %s
+    rate: %d
+    match:
+      protocol: udp
+      dstPorts: ["%d"]
+%s`, e.pair.IfB, e.pinDir, e.count, limitName, rate, port, extra)
+}
+
+func (e *env) writeConfig(yaml string) { e.t.Helper(); writeAtomic(e.t, e.config, yaml) }
+
+func (e *env) writeCount(n int) { e.t.Helper(); writeAtomic(e.t, e.count, fmt.Sprintf("%d\n", n)) }
+
+// writeAtomic replaces path by rename, so the agent never reads half a file.
+func writeAtomic(t *testing.T, path, content string) {
+	t.Helper()
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// startSender starts a paced sender from A to B's udp/53 over IPv4 or IPv6.
+// It stops by itself after senderSpan or senderMax packets, and in cleanup.
+func (e *env) startSender(rate float64, ipv6 bool) *nettest.Sender {
+	e.t.Helper()
+	network, dst := "udp4", e.pair.B4
+	if ipv6 {
+		network, dst = "udp6", e.pair.B6
+	}
+	conn, err := e.pair.A.DialUDP(network, netip.AddrPortFrom(dst, port))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	s, err := nettest.StartSender(conn, nettest.SenderConfig{Rate: rate, Count: senderMax, Duration: senderSpan})
+	if err != nil {
+		conn.Close()
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() {
+		s.Stop()
+		conn.Close()
+	})
+	return s
+}
+
+// agentProc is one rlagent run process, started in B.
+type agentProc struct {
+	t      *testing.T
+	cmd    *exec.Cmd
+	log    *syncBuffer
+	exited chan struct{}
+	state  *os.ProcessState
+}
+
+// startAgent runs `rlagent run` in B and waits until it has attached (or
+// adopted) the data path. Cleanup stops it: SIGTERM, then SIGKILL after 5 s.
+func (e *env) startAgent() *agentProc {
+	e.t.Helper()
+	a := &agentProc{t: e.t, log: &syncBuffer{}, exited: make(chan struct{})}
+	a.cmd = exec.Command(rlagentBin, "run", "--config", e.config, "--log-level", "debug")
+	a.cmd.Stdout, a.cmd.Stderr = a.log, a.log
+	if err := e.pair.B.Start(a.cmd); err != nil {
+		e.t.Fatal(err)
+	}
+	go func() {
+		a.cmd.Wait()
+		a.state = a.cmd.ProcessState
+		close(a.exited)
+	}()
+	e.t.Cleanup(func() {
+		if a.running() {
+			a.stop(syscall.SIGTERM, 5*time.Second)
+		}
+		if e.t.Failed() {
+			e.t.Logf("rlagent run (pid %d) output:\n%s", a.cmd.Process.Pid, a.log.String())
+		}
+	})
+	if !a.waitLog(10*time.Second, "attached XDP", "adopted pinned XDP link", "native XDP not available") {
+		e.t.Fatalf("rlagent run (pid %d) did not attach within 10 s; output:\n%s", a.cmd.Process.Pid, a.log.String())
+	}
+	return a
+}
+
+func (a *agentProc) running() bool {
+	select {
+	case <-a.exited:
+		return false
+	default:
+		return true
+	}
+}
+
+// stop sends sig to the agent (by its PID) and waits for it to exit, then
+// SIGKILLs it if it is still running after timeout.
+func (a *agentProc) stop(sig syscall.Signal, timeout time.Duration) {
+	a.t.Helper()
+	if err := a.cmd.Process.Signal(sig); err != nil && a.running() {
+		a.t.Errorf("signal %v to rlagent (pid %d): %v", sig, a.cmd.Process.Pid, err)
+	}
+	select {
+	case <-a.exited:
+		return
+	case <-time.After(timeout):
+	}
+	a.t.Errorf("rlagent (pid %d) still runs %s after %v: killing it", a.cmd.Process.Pid, timeout, sig)
+	a.cmd.Process.Kill()
+	<-a.exited
+}
+
+// waitLog waits until the agent's output holds one of the strings.
+func (a *agentProc) waitLog(timeout time.Duration, substrs ...string) bool {
+	deadline := time.Now().Add(timeout)
+	for {
+		out := a.log.String()
+		for _, s := range substrs {
+			if strings.Contains(out, s) {
+				return true
+			}
+		}
+		if time.Now().After(deadline) || !a.running() {
+			return false
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// rlagent runs the binary under test in the host namespace.
+func (e *env) rlagent(args ...string) (string, error) {
+	out, err := exec.Command(rlagentBin, args...).CombinedOutput()
+	return string(out), err
+}
+
+// status runs `rlagent status --output json` and returns the limits, and
+// when it ran (the middle of the command's run).
+func (e *env) status() ([]agent.LimitStatus, time.Time) {
+	e.t.Helper()
+	t0 := time.Now()
+	out, err := exec.Command(rlagentBin, "status", "--pin-dir", e.pinDir, "--output", "json").Output()
+	at := t0.Add(time.Since(t0) / 2)
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			e.t.Fatalf("rlagent status: %v\n%s", err, ee.Stderr)
+		}
+		e.t.Fatalf("rlagent status: %v", err)
+	}
+	var st []agent.LimitStatus
+	if err := json.Unmarshal(out, &st); err != nil {
+		e.t.Fatalf("rlagent status --output json: %v\n%s", err, out)
+	}
+	return st, at
+}
+
+// limit is the status of the test's limit.
+func (e *env) limit() (agent.LimitStatus, time.Time) {
+	e.t.Helper()
+	st, at := e.status()
+	for _, s := range st {
+		if s.Name == limitName {
+			return s, at
+		}
+	}
+	e.t.Fatalf("rlagent status has no limit %q: %+v", limitName, st)
+	return agent.LimitStatus{}, at
+}
+
+// waitShare polls status until the limit's share is want, for up to
+// timeout, and returns how long that took from since.
+func (e *env) waitShare(want uint64, since time.Time, timeout time.Duration) (time.Duration, agent.LimitStatus) {
+	e.t.Helper()
+	for {
+		s, at := e.limit()
+		if s.ShareRate == want {
+			return at.Sub(since), s
+		}
+		if time.Since(since) > timeout {
+			e.t.Fatalf("share still %d pkt/s (replicas %d, global %d) %s after the change; want %d",
+				s.ShareRate, s.Replicas, s.GlobalRate, timeout, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func sleepUntil(t time.Time) { time.Sleep(time.Until(t)) }
+
+// late is how long after a window's end the test waits before counting it:
+// the last admitted packets are still on their way to the receiver.
+const late = 100 * time.Millisecond
+
+// checkAdmitted waits for the window [from, from+d) to pass and checks that
+// the receiver's rate in it is want within +-tol (a fraction). The sender
+// must have offered clearly more than want, or the window proves nothing.
+func (e *env) checkAdmitted(what string, s *nettest.Sender, from time.Time, d time.Duration, want, tol float64) float64 {
+	e.t.Helper()
+	to := from.Add(d)
+	sleepUntil(to.Add(late))
+	got := e.recv.Got().Rate(from, to)
+	offered := s.Sent().Rate(from, to)
+	e.t.Logf("%s: admitted %.0f pkt/s over %s, share %.0f (%+.2f%%), offered %.0f", what, got, d, want, pct(got, want), offered)
+	if offered < want*1.3 {
+		e.t.Errorf("%s: the sender offered only %.0f pkt/s against a share of %.0f: the machine is too busy to measure", what, offered, want)
+	}
+	if math.Abs(got-want) > tol*want {
+		e.t.Errorf("%s: admitted %.0f pkt/s, want %.0f +-%.0f%%", what, got, want, tol*100)
+	}
+	return got
+}
+
+// checkUnlimited checks that everything offered over [from, from+d) arrived.
+func (e *env) checkUnlimited(what string, s *nettest.Sender, from time.Time, d time.Duration) {
+	e.t.Helper()
+	to := from.Add(d)
+	sleepUntil(to.Add(late))
+	got, offered := e.recv.Got().Count(from, to), s.Sent().Count(from, to)
+	e.t.Logf("%s: %d of %d offered packets arrived", what, got, offered)
+	if offered == 0 || got != offered {
+		e.t.Errorf("%s: %d of %d offered packets arrived, want all (nothing limits them)", what, got, offered)
+	}
+}
+
+// pins lists the pin directory's entries, less the preloaded ones.
+func (e *env) pins() []string {
+	e.t.Helper()
+	ents, err := os.ReadDir(e.pinDir)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var names []string
+	for _, d := range ents {
+		if !slices.Contains(e.preloaded, d.Name()) {
+			names = append(names, d.Name())
+		}
+	}
+	return names
+}
+
+func pct(got, want float64) float64 { return (got - want) / want * 100 }
+
+// xdpAttached reports whether B's veth has an XDP program.
+func (e *env) xdpAttached() bool {
+	e.t.Helper()
+	nl, err := e.pair.B.Netlink()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer nl.Close()
+	l, err := nl.LinkByName(e.pair.IfB)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	x := l.Attrs().Xdp
+	return x != nil && x.Attached
+}
