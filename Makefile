@@ -76,14 +76,11 @@ verify-generate: generate ## fail if regenerating changes the committed bpf/*_bp
 	fi
 	@echo 'verify-generate: generated files are up to date'
 
-build: ## go build ./... and, once cmd/rlagent exists, bin/rlagent
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+
+build: ## go build ./... and bin/rlagent (version from git describe)
 	$(GO) build ./...
-	@if [ -d cmd/rlagent ]; then \
-		echo '$(GO) build -o bin/rlagent ./cmd/rlagent'; \
-		$(GO) build -o bin/rlagent ./cmd/rlagent; \
-	else \
-		echo 'build: cmd/rlagent does not exist yet; no binary built'; \
-	fi
+	$(GO) build -ldflags '-X main.version=$(VERSION)' -o bin/rlagent ./cmd/rlagent
 
 test: ## go vet and go test ./... (as root the BPF and end-to-end tests run; RLAGENT_REQUIRE_ROOT_TESTS=1 makes skips fail)
 	$(GO) vet ./...
@@ -92,12 +89,12 @@ test: ## go vet and go test ./... (as root the BPF and end-to-end tests run; RLA
 test-fuzz: ## fuzz the bpf/ packet parser (FUZZ, default FuzzParse) for FUZZTIME
 	$(GO) test -run '^$$' -fuzz '$(FUZZ)' -fuzztime $(FUZZTIME) ./bpf/
 
-bench: ## run the bpf/ benchmarks into bench.out and print the summary table
-	$(GO) test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -count $(BENCHCOUNT) ./bpf/ | tee bench.out
+bench: ## run the data path and agent benchmarks into bench.out and print the summary table
+	$(GO) test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -count $(BENCHCOUNT) ./bpf/ ./agent/ ./test/e2e/ | tee bench.out
 	$(GO) run ./internal/benchtable < bench.out
 
 demo: ## as root: rate-limit real UDP between two network namespaces while the replica count changes (~45 s)
-	$(GO) build -o bin/rlagent ./cmd/rlagent
+	$(GO) build -ldflags '-X main.version=$(VERSION)' -o bin/rlagent ./cmd/rlagent
 	$(GO) build -o bin/rlagent-demo ./test/demo
 	./bin/rlagent-demo --rlagent bin/rlagent
 

@@ -44,7 +44,7 @@ const (
 // and a count file, and a receiver on B's udp/53 counting what the data path
 // admitted.
 type env struct {
-	t      *testing.T
+	t      testing.TB
 	pair   *nettest.Pair
 	dir    string
 	pinDir string
@@ -56,7 +56,7 @@ type env struct {
 	recv      *nettest.Receiver
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t testing.TB) *env {
 	t.Helper()
 	e := &env{t: t, dir: t.TempDir()}
 	e.pinDir = filepath.Join(e.dir, "bpf")
@@ -117,7 +117,7 @@ func (e *env) writeConfig(yaml string) { e.t.Helper(); writeAtomic(e.t, e.config
 func (e *env) writeCount(n int) { e.t.Helper(); writeAtomic(e.t, e.count, fmt.Sprintf("%d\n", n)) }
 
 // writeAtomic replaces path by rename, so the agent never reads half a file.
-func writeAtomic(t *testing.T, path, content string) {
+func writeAtomic(t testing.TB, path, content string) {
 	t.Helper()
 	tmp := path + ".tmp"
 	if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
@@ -154,7 +154,7 @@ func (e *env) startSender(rate float64, ipv6 bool) *nettest.Sender {
 
 // agentProc is one rlagent run process, started in B.
 type agentProc struct {
-	t      *testing.T
+	t      testing.TB
 	cmd    *exec.Cmd
 	log    *syncBuffer
 	exited chan struct{}
