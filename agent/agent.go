@@ -34,6 +34,9 @@ type Options struct {
 	// Ready, if set, is called once the data path is attached and the
 	// first reconcile is done, with the metrics address actually bound.
 	Ready func(metricsAddr string)
+	// Kubernetes, if set, is the cluster: the limits are its RateLimit
+	// objects, and the nodes and service scopes are divided by its counts.
+	Kubernetes *watcher.Kubernetes
 }
 
 // Agent is a running node agent.
@@ -47,6 +50,7 @@ type Agent struct {
 	links   map[string]link.Link
 	source  watcher.Source
 	stopSrc context.CancelFunc
+	k8s     *watcher.Kubernetes
 	ids     map[string]uint32     // limit name -> id
 	applied map[uint32]maps.Limit // what was last written, by id
 	meta    map[uint32]maps.Meta
@@ -56,6 +60,7 @@ type Agent struct {
 	reloadErrors prometheus.Counter
 	reloads      prometheus.Counter
 	notify       chan struct{}
+	statusDue    chan struct{}
 }
 
 // Run runs the agent until ctx ends. On return the data path stays
@@ -72,15 +77,16 @@ func Run(ctx context.Context, opts Options) error {
 		return err
 	}
 	a := &Agent{
-		opts:    opts,
-		log:     opts.Log,
-		links:   make(map[string]link.Link),
-		ids:     make(map[string]uint32),
-		applied: make(map[uint32]maps.Limit),
-		meta:    make(map[uint32]maps.Meta),
-		pending: make(map[uint32]counterSnap),
-		warned:  make(map[string]string),
-		notify:  make(chan struct{}, 1),
+		opts:      opts,
+		log:       opts.Log,
+		links:     make(map[string]link.Link),
+		ids:       make(map[string]uint32),
+		applied:   make(map[uint32]maps.Limit),
+		meta:      make(map[uint32]maps.Meta),
+		pending:   make(map[uint32]counterSnap),
+		warned:    make(map[string]string),
+		notify:    make(chan struct{}, 1),
+		statusDue: make(chan struct{}, 1),
 		reloadErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "rlagent_config_reload_errors_total",
 			Help: "Config files rejected (invalid, or not appliable); the previous config stayed in force.",
@@ -110,6 +116,9 @@ func Run(ctx context.Context, opts Options) error {
 	}
 
 	go a.watchConfig(ctx)
+	if a.k8s != nil {
+		go a.statusLoop(ctx)
+	}
 	snap := time.NewTicker(time.Second)
 	defer snap.Stop()
 	for {
@@ -123,6 +132,10 @@ func Run(ctx context.Context, opts Options) error {
 			a.mu.Unlock()
 			if err != nil {
 				a.log.Error("reconcile", "error", err)
+			}
+			select {
+			case a.statusDue <- struct{}{}:
+			default:
 			}
 		case <-snap.C:
 			a.snapshot()
@@ -167,6 +180,13 @@ func (a *Agent) start(ctx context.Context, cfg *v1alpha1.Config) error {
 		a.log.Info("adopted pinned data path", "pin_dir", cfg.PinDir, "limits", len(a.ids))
 	}
 	a.startSource(ctx, cfg.Count)
+	if k := a.opts.Kubernetes; k != nil {
+		if len(cfg.Limits) > 0 {
+			return errors.New("limits: in a cluster the limits are RateLimit objects; remove them from the config file")
+		}
+		a.k8s = k
+		go k.Run(ctx, a.wake)
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if err := a.reconcile(); err != nil {
@@ -335,4 +355,35 @@ func (a *Agent) reload(ctx context.Context) error {
 	}
 	a.log.Info("config applied", "path", a.opts.ConfigPath, "limits", len(cfg.Limits))
 	return nil
+}
+
+// statusLoop writes each RateLimit's status (accepted or why not, and the
+// count) after reconciles, apart from the reconcile loop: an unreachable API
+// server must not hold up enforcement.
+func (a *Agent) statusLoop(ctx context.Context) {
+	t := time.NewTicker(10 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-a.statusDue:
+		case <-t.C:
+		}
+		all, invalid := a.k8s.Limits()
+		for _, l := range all {
+			obs := a.k8s.Observe(l.Name)
+			if l.Scope != v1alpha1.ScopeNodes && l.Scope != v1alpha1.ScopeService {
+				a.mu.Lock()
+				obs = a.source.Observe(l.Name)
+				a.mu.Unlock()
+			}
+			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			err := a.k8s.ReportStatus(rctx, l.Name, invalid[l.Name], int32(max(obs.Replicas, 0)))
+			cancel()
+			if err != nil {
+				a.log.Debug("RateLimit status not written", "limit", l.Name, "error", err)
+			}
+		}
+	}
 }

@@ -3,11 +3,15 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"reflect"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/rlagent/rlagent/api/v1alpha1"
 	"github.com/rlagent/rlagent/maps"
+	"github.com/rlagent/rlagent/watcher"
 )
 
 // scope codes recorded in the pinned metadata (see scopeNames).
@@ -31,6 +35,11 @@ type desiredLimit struct {
 // counts. It checks the whole desired state before writing any of it, and
 // writes only what changed. Callers hold a.mu.
 func (a *Agent) reconcile() error {
+	if a.k8s != nil && !a.k8s.Synced() {
+		// Until the caches hold the cluster's limits, what the pins hold
+		// stands: an empty cache must not delete every limit.
+		return nil
+	}
 	desired, err := a.desired()
 	if err != nil {
 		return err
@@ -97,14 +106,22 @@ func (a *Agent) reconcile() error {
 // its id for life; a new limit never takes the id of one removed in the same
 // pass, which would inherit its buckets), its share and its map entry.
 func (a *Agent) desired() (map[uint32]*desiredLimit, error) {
-	out := make(map[uint32]*desiredLimit, len(a.cfg.Limits))
+	limits := a.limits()
+	out := make(map[uint32]*desiredLimit, len(limits))
 	used := make(map[uint32]bool, len(a.applied))
 	for id := range a.applied {
 		used[id] = true
 	}
 	next := uint32(0)
-	for i := range a.cfg.Limits {
-		l := &a.cfg.Limits[i]
+	for i := range limits {
+		l := &limits[i]
+		d, err := a.divideLimit(l)
+		if err != nil {
+			return nil, fmt.Errorf("limits[%d] (%s): %w", i, l.Name, err)
+		}
+		if d == nil {
+			continue // nothing to enforce on this node
+		}
 		id, ok := a.ids[l.Name]
 		if !ok {
 			for next < maps.MaxLimits && used[next] {
@@ -116,20 +133,62 @@ func (a *Agent) desired() (map[uint32]*desiredLimit, error) {
 			id = next
 			used[id] = true
 		}
-		d, err := a.divideLimit(l)
-		if err != nil {
-			return nil, fmt.Errorf("limits[%d] (%s): %w", i, l.Name, err)
-		}
 		out[id] = d
 	}
 	return out, nil
 }
 
+// limits are the limits to enforce: the config file's, or in a cluster the
+// RateLimit objects the agent accepts.
+func (a *Agent) limits() []v1alpha1.Limit {
+	if a.k8s == nil {
+		return a.cfg.Limits
+	}
+	all, invalid := a.k8s.Limits()
+	out := all[:0:0]
+	for _, l := range all {
+		if err, bad := invalid[l.Name]; bad {
+			if msg := err.Error(); a.warned["invalid/"+l.Name] != msg {
+				a.log.Warn("RateLimit rejected", "limit", l.Name, "error", err)
+				a.warned["invalid/"+l.Name] = msg
+			}
+			continue
+		}
+		out = append(out, l)
+	}
+	return out
+}
+
+// observe returns the count a limit is divided by: from the cluster for the
+// nodes and service scopes, from the configured count source otherwise.
+func (a *Agent) observe(l *v1alpha1.Limit) watcher.Observation {
+	if a.k8s != nil && (l.Scope == v1alpha1.ScopeNodes || l.Scope == v1alpha1.ScopeService) {
+		return a.k8s.Observe(l.Name)
+	}
+	return a.source.Observe(l.Name)
+}
+
+// divideLimit divides one limit by its count. It returns nil for a
+// service-scoped limit with no endpoint on this node: no traffic of that
+// Service arrives here, and without endpoint addresses the limit would match
+// all of the node's traffic.
 func (a *Agent) divideLimit(l *v1alpha1.Limit) (*desiredLimit, error) {
 	spec := &l.RateLimitSpec
-	obs := a.source.Observe(l.Name)
+	obs := a.observe(l)
 	burst := spec.EffectiveBurst()
-	share := divide(spec.Rate, burst, string(spec.Scope) == "service", obs)
+	service := spec.Scope == v1alpha1.ScopeService
+	share := divide(spec.Rate, burst, service, obs)
+	if service {
+		var local []watcher.Endpoint
+		var ports []watcher.EndpointPort
+		if a.k8s != nil {
+			local, ports = a.k8s.LocalEndpoints(l.Name)
+		}
+		if len(local) == 0 {
+			return nil, nil
+		}
+		spec = serviceSpec(spec, local, ports)
+	}
 	ml, err := toMapsLimit(spec, share)
 	if err != nil {
 		return nil, err
@@ -180,7 +239,7 @@ func (a *Agent) snapshot() {
 		}
 		a.pending[id] = counterSnap{now, st.AdmittedPackets, st.DroppedPackets, st.ShadowPackets}
 		// The observation age moves on its own; refresh it with the counts.
-		obs := a.source.Observe(m.Name)
+		obs := a.observeName(m.Name)
 		m.Observed, m.Stale = obs.At, obs.Err != nil
 		if err := a.dp.SetMeta(id, m); err == nil {
 			a.meta[id] = m
@@ -203,4 +262,35 @@ func (a *Agent) readStatus() ([]LimitStatus, maps.GlobalStats, error) {
 	}
 	g, err := a.dp.GlobalStats()
 	return st, g, err
+}
+
+// observeName is observe for a limit known by name only.
+func (a *Agent) observeName(name string) watcher.Observation {
+	for _, l := range a.limits() {
+		if l.Name == name {
+			return a.observe(&l)
+		}
+	}
+	return a.source.Observe(name)
+}
+
+// serviceSpec is a service-scoped spec with the Service's endpoints on this
+// node as its destination: their addresses, and the Service's ports of the
+// spec's protocol.
+func serviceSpec(spec *v1alpha1.RateLimitSpec, local []watcher.Endpoint, ports []watcher.EndpointPort) *v1alpha1.RateLimitSpec {
+	s := *spec
+	s.Match.DstCIDRs = nil
+	for _, e := range local {
+		s.Match.DstCIDRs = append(s.Match.DstCIDRs, netip.PrefixFrom(e.Addr, e.Addr.BitLen()).String())
+	}
+	if len(spec.Match.DstPorts) == 0 {
+		s.Match.DstPorts = nil
+		for _, p := range ports {
+			proto := v1alpha1.Protocol(strings.ToLower(string(p.Protocol)))
+			if spec.Match.Protocol == v1alpha1.ProtocolAny || spec.Match.Protocol == "" || spec.Match.Protocol == proto {
+				s.Match.DstPorts = append(s.Match.DstPorts, strconv.Itoa(int(p.Port)))
+			}
+		}
+	}
+	return &s
 }

@@ -42,16 +42,16 @@ func TestFileKeepsLastGoodCount(t *testing.T) {
 		wantErr string
 	}{
 		{"missing at start", nil, true, 0, "no such file"},
-		{"appears", ptr("3\n"), true, 3, ""},
-		{"same count", ptr(" 3 "), false, 3, ""},
-		{"changes", ptr("4"), true, 4, ""},
-		{"malformed", ptr("four"), true, 4, "not an integer"},
-		{"malformed again", ptr("four"), false, 4, "not an integer"},
-		{"empty", ptr(""), true, 4, "empty"},
-		{"negative", ptr("-2"), true, 4, "negative"},
+		{"appears", sptr("3\n"), true, 3, ""},
+		{"same count", sptr(" 3 "), false, 3, ""},
+		{"changes", sptr("4"), true, 4, ""},
+		{"malformed", sptr("four"), true, 4, "not an integer"},
+		{"malformed again", sptr("four"), false, 4, "not an integer"},
+		{"empty", sptr(""), true, 4, "empty"},
+		{"negative", sptr("-2"), true, 4, "negative"},
 		{"removed", nil, true, 4, "no such file"},
-		{"back", ptr("2"), true, 2, ""},
-		{"zero is a count", ptr("0"), true, 0, ""},
+		{"back", sptr("2"), true, 2, ""},
+		{"zero is a count", sptr("0"), true, 0, ""},
 	}
 	var lastGood time.Time
 	for _, s := range steps {
@@ -122,4 +122,4 @@ func waitFor(t *testing.T, cond func() bool) {
 	}
 }
 
-func ptr(s string) *string { return &s }
+func sptr(s string) *string { return &s }

@@ -63,96 +63,153 @@ type Limit struct {
 // RateLimitSpec is one global rate limit: the rate over all replicas, which
 // packets it applies to, how it splits them into buckets, and what happens to
 // a packet when its bucket is empty.
+//
+// +kubebuilder:object:generate=true
+// +kubebuilder:validation:XValidation:rule="self.scope != 'service' || has(self.match.service)",message="scope service requires match.service: the namespace/name of a Service",fieldPath=".match.service",reason=FieldValueRequired
+// +kubebuilder:validation:XValidation:rule="!has(self.match.service) || self.scope == 'service'",message="match.service is only allowed with scope service",fieldPath=".match.service"
+// +kubebuilder:validation:XValidation:rule="!has(self.action) || self.action != 'pace' || (has(self.match.direction) && self.match.direction == 'egress')",message="action pace needs match.direction egress: pacing delays egress packets; ingress packets cannot be delayed",fieldPath=".action"
+// +kubebuilder:validation:XValidation:rule="!has(self.prefixLength) || (has(self.key) && self.key == 'src-prefix')",message="prefixLength is only allowed with key src-prefix",fieldPath=".prefixLength"
+// +kubebuilder:validation:XValidation:rule="!has(self.key) || self.key != 'dst-port' || !has(self.match.protocol) || self.match.protocol != 'icmp'",message="key dst-port needs protocol tcp, udp or any: icmp has no ports",fieldPath=".key"
+// +kubebuilder:validation:XValidation:rule="!has(self.burst) || self.rate > 1000000000000 || self.burst <= self.rate * 3600",message="burst must be at most 3600 seconds of rate (rate x 3600)",fieldPath=".burst"
 type RateLimitSpec struct {
 	// Rate is the global rate, in units per second over all replicas; each
 	// node enforces its share.
 	// (Required) 1..1000000000000.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1000000000000
 	Rate uint64 `json:"rate"`
 
 	// Unit is what one token is worth.
 	// (Optional) packets | bytes; default packets. (connections is reserved
 	// and rejected as not supported yet.)
+	// +kubebuilder:default=packets
+	// +optional
 	Unit Unit `json:"unit,omitempty"`
 
 	// Burst is the global bucket size in units, divided over replicas like
 	// the rate.
 	// (Optional) At least 1 and at most 3600 seconds of Rate; default
-	// Rate/10, at least 1. The default follows Rate, so Default leaves Burst
-	// unset and EffectiveBurst computes it.
+	// Rate/10, at least 1. Left out, it follows Rate when Rate changes
+	// (EffectiveBurst computes it).
+	// +kubebuilder:validation:Minimum=1
+	// +optional
 	Burst *uint64 `json:"burst,omitempty"`
 
 	// Match selects the packets the limit applies to.
 	// (Required) The key must be present; every field in it is optional and
 	// an empty match applies to every ingress packet.
+	// +required
 	Match Match `json:"match"`
 
 	// Key is how the limit splits traffic into buckets: one bucket for the
 	// whole limit, or one per source address, destination address, source
 	// prefix or destination port. Each bucket gets the whole rate.
 	// (Optional) none | src-ip | dst-ip | src-prefix | dst-port; default none.
+	// +kubebuilder:default=none
+	// +optional
 	Key Key `json:"key,omitempty"`
 
 	// PrefixLength is the prefix that groups source addresses into one
 	// bucket with key src-prefix.
 	// (Optional) Only with key src-prefix; default ipv4 24, ipv6 64.
+	// +optional
 	PrefixLength *PrefixLength `json:"prefixLength,omitempty"`
 
 	// Scope is how the global rate is divided among replicas.
 	// (Optional in the file, default static; Required in Kubernetes.)
 	// static | nodes | service. In the file (no Kubernetes) only static.
+	// +kubebuilder:validation:Required
 	Scope Scope `json:"scope,omitempty"`
 
 	// Action is what happens to a packet whose bucket is empty.
 	// (Optional) drop | shadow | pace; default drop. pace is for egress only
 	// and not supported yet.
+	// +kubebuilder:default=drop
+	// +optional
 	Action Action `json:"action,omitempty"`
 }
 
 // Match selects packets. Each field narrows the match; an empty list matches
 // anything.
+//
+// +kubebuilder:object:generate=true
+// +kubebuilder:validation:XValidation:rule="!has(self.dstPorts) || size(self.dstPorts) == 0 || !has(self.protocol) || self.protocol != 'icmp'",message="dstPorts needs protocol tcp, udp or any: icmp has no ports",fieldPath=".dstPorts"
 type Match struct {
 	// Direction is the hook the limit applies at.
 	// (Optional) ingress | egress; default ingress. egress is not supported
 	// yet.
+	// +kubebuilder:default=ingress
+	// +optional
 	Direction Direction `json:"direction,omitempty"`
 
 	// Protocol is the L4 protocol (icmp covers ICMP and ICMPv6).
 	// (Optional) any | tcp | udp | icmp; default any.
+	// +kubebuilder:default=any
+	// +optional
 	Protocol Protocol `json:"protocol,omitempty"`
 
 	// DstPorts are destination ports, each "53" or an inclusive range
 	// "8000-8080". With protocol any they restrict TCP and UDP packets, and
 	// other protocols do not match.
 	// (Optional) Only with protocol tcp, udp or any. Ports 0..65535.
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MaxLength=11
+	// +kubebuilder:validation:items:Pattern=`^[0-9]{1,5}(-[0-9]{1,5})?$`
+	// +kubebuilder:validation:items:XValidation:rule="!self.matches('^[0-9]{1,5}(-[0-9]{1,5})?$') || self.split('-').all(p, int(p) <= 65535)",message="ports are 0..65535"
+	// +kubebuilder:validation:items:XValidation:rule="!self.matches('^[0-9]{1,5}-[0-9]{1,5}$') || int(self.split('-')[0]) <= int(self.split('-')[1])",message="the first port of a range must not be above the last (8000-8080)"
+	// +listType=atomic
+	// +optional
 	DstPorts []string `json:"dstPorts,omitempty"`
 
 	// SrcCIDRs are source networks, IPv4 or IPv6; a bare address means /32
 	// or /128.
 	// (Optional)
+	// +kubebuilder:validation:MaxItems=256
+	// +kubebuilder:validation:items:MaxLength=49
+	// +kubebuilder:validation:items:XValidation:rule="isCIDR(self) || isIP(self)",message="must be an IPv4 or IPv6 network or address, e.g. 10.0.0.0/8, 2001:db8::/32 or 192.0.2.1 (IPv4-mapped IPv6 is written as IPv4)"
+	// +listType=atomic
+	// +optional
 	SrcCIDRs []string `json:"srcCIDRs,omitempty"`
 
 	// DstCIDRs are destination networks, as SrcCIDRs.
 	// (Optional)
+	// +kubebuilder:validation:MaxItems=256
+	// +kubebuilder:validation:items:MaxLength=49
+	// +kubebuilder:validation:items:XValidation:rule="isCIDR(self) || isIP(self)",message="must be an IPv4 or IPv6 network or address, e.g. 10.0.0.0/8, 2001:db8::/32 or 192.0.2.1 (IPv4-mapped IPv6 is written as IPv4)"
+	// +listType=atomic
+	// +optional
 	DstCIDRs []string `json:"dstCIDRs,omitempty"`
 
 	// Service is a Kubernetes Service, "namespace/name"; the watcher fills in
 	// its local endpoints.
 	// (Optional) Only with scope service, which requires it.
+	// +kubebuilder:validation:MaxLength=127
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?/[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`
+	// +optional
 	Service string `json:"service,omitempty"`
 }
 
 // PrefixLength is the source prefix length per address family.
+//
+// +kubebuilder:object:generate=true
 type PrefixLength struct {
 	// IPv4 is the IPv4 prefix length.
 	// (Optional) 1..32; default 24.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=32
+	// +optional
 	IPv4 uint8 `json:"ipv4,omitempty"`
 
 	// IPv6 is the IPv6 prefix length.
 	// (Optional) 1..128; default 64.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=128
+	// +optional
 	IPv6 uint8 `json:"ipv6,omitempty"`
 }
 
 // Unit is what one token is worth.
+// +kubebuilder:validation:Enum=packets;bytes;connections
 type Unit string
 
 const (
@@ -164,6 +221,7 @@ const (
 )
 
 // Key is how a limit splits its traffic into buckets.
+// +kubebuilder:validation:Enum=none;src-ip;dst-ip;src-prefix;dst-port
 type Key string
 
 const (
@@ -175,6 +233,7 @@ const (
 )
 
 // Scope is how a limit's global rate is divided among replicas.
+// +kubebuilder:validation:Enum=static;nodes;service
 type Scope string
 
 const (
@@ -188,6 +247,7 @@ const (
 )
 
 // Action is what happens to a packet whose bucket is empty.
+// +kubebuilder:validation:Enum=drop;shadow;pace
 type Action string
 
 const (
@@ -197,6 +257,7 @@ const (
 )
 
 // Direction is the hook a limit applies at.
+// +kubebuilder:validation:Enum=ingress;egress
 type Direction string
 
 const (
@@ -205,6 +266,7 @@ const (
 )
 
 // Protocol selects packets by their L4 protocol.
+// +kubebuilder:validation:Enum=any;tcp;udp;icmp
 type Protocol string
 
 const (

@@ -14,25 +14,33 @@ import (
 )
 
 func newLimitsCmd() *cobra.Command {
-	var config string
+	var (
+		config string
+		kube   kubeFlags
+	)
 	cmd := &cobra.Command{
 		Use:   "limits",
 		Short: "Edit and read the limits in the config file",
 		Long: `limits edits the limits of the config file. Every change is validated with the agent's
 own validation, written to a temporary file and renamed over the config, so the file is
 never half-written and an invalid change leaves it untouched. A running agent picks the
-change up within a second.`,
+change up within a second.
+
+With --kubeconfig (or in a pod) the limits are RateLimit objects in the cluster instead, and
+the API server validates them: its errors are shown as they are.`,
 		Example: `  rlagent limits list
   rlagent limits set dns --rate 20000 --protocol udp --dst-ports 53
   rlagent limits get dns
-  rlagent limits delete dns`,
+  rlagent limits delete dns
+  rlagent limits set dns --rate 100000 --scope nodes --protocol udp --dst-ports 53 --kubeconfig ~/.kube/config`,
 	}
-	cmd.PersistentFlags().StringVarP(&config, "config", "c", defaultConfig, "config file to edit")
-	cmd.AddCommand(newLimitsSetCmd(&config), newLimitsGetCmd(&config), newLimitsListCmd(&config), newLimitsDeleteCmd(&config))
+	cmd.PersistentFlags().StringVarP(&config, "config", "c", defaultConfig, "config file to edit (outside a cluster)")
+	kube.register(cmd)
+	cmd.AddCommand(newLimitsSetCmd(&config, &kube), newLimitsGetCmd(&config, &kube), newLimitsListCmd(&config, &kube), newLimitsDeleteCmd(&config, &kube))
 	return cmd
 }
 
-func newLimitsSetCmd(config *string) *cobra.Command {
+func newLimitsSetCmd(config *string, kube *kubeFlags) *cobra.Command {
 	var (
 		spec    v1alpha1.RateLimitSpec
 		burst   uint64
@@ -70,6 +78,14 @@ rate / replicas.`,
 			if cmd.Flags().Changed("prefix-v4") || cmd.Flags().Changed("prefix-v6") {
 				spec.PrefixLength = &v1alpha1.PrefixLength{IPv4: prefix4, IPv6: prefix6}
 			}
+			if rc, err := kube.config(); err != nil {
+				return err
+			} else if rc != nil {
+				if spec.Scope == "" {
+					return fmt.Errorf("--scope: required in a cluster: one of %s, %s, %s", v1alpha1.ScopeNodes, v1alpha1.ScopeService, v1alpha1.ScopeStatic)
+				}
+				return kubeSet(cmd.Context(), rc, args[0], &spec)
+			}
 			return editConfig(*config, func(c *v1alpha1.Config) error {
 				l := v1alpha1.Limit{Name: args[0], RateLimitSpec: spec}
 				if i := slices.IndexFunc(c.Limits, func(l v1alpha1.Limit) bool { return l.Name == args[0] }); i >= 0 {
@@ -89,7 +105,8 @@ rate / replicas.`,
 	f.Uint8Var(&prefix4, "prefix-v4", 0, "with --key src-prefix: IPv4 prefix length (default 24)")
 	f.Uint8Var(&prefix6, "prefix-v6", 0, "with --key src-prefix: IPv6 prefix length (default 64)")
 	f.StringVar(&action, "action", "drop", "over the limit: drop, shadow (count and pass)")
-	f.StringVar(&scope, "scope", "static", "how the rate is divided: static (by the config's count)")
+	f.StringVar(&scope, "scope", "", "how the rate is divided: static (by the config's count; the default in a file); in a cluster also nodes (by the ready agents), service (by the Service's ready endpoints, --service)")
+	f.StringVar(&spec.Match.Service, "service", "", "with --scope service: the Service, namespace/name")
 	f.StringVar(&dir, "direction", "ingress", "match: ingress")
 	f.StringVar(&proto, "protocol", "any", "match: any, tcp, udp, icmp")
 	f.StringSliceVar(&spec.Match.DstPorts, "dst-ports", nil, "match: destination ports or ranges, e.g. 53,8000-8080")
@@ -99,13 +116,18 @@ rate / replicas.`,
 	return cmd
 }
 
-func newLimitsGetCmd(config *string) *cobra.Command {
+func newLimitsGetCmd(config *string, kube *kubeFlags) *cobra.Command {
 	return &cobra.Command{
 		Use:     "get NAME",
 		Short:   "Print one limit as YAML",
 		Example: "  rlagent limits get dns",
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if rc, err := kube.config(); err != nil {
+				return err
+			} else if rc != nil {
+				return kubeGet(cmd.Context(), rc, args[0], cmd.OutOrStdout())
+			}
 			c, err := v1alpha1.LoadConfig(*config)
 			if err != nil {
 				return err
@@ -125,13 +147,18 @@ func newLimitsGetCmd(config *string) *cobra.Command {
 	}
 }
 
-func newLimitsListCmd(config *string) *cobra.Command {
+func newLimitsListCmd(config *string, kube *kubeFlags) *cobra.Command {
 	return &cobra.Command{
 		Use:     "list",
 		Short:   "List the limits of the config file",
 		Example: "  rlagent limits list --config rlagent.yaml",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if rc, err := kube.config(); err != nil {
+				return err
+			} else if rc != nil {
+				return kubeList(cmd.Context(), rc, cmd.OutOrStdout())
+			}
 			c, err := v1alpha1.LoadConfig(*config)
 			if err != nil {
 				return err
@@ -146,13 +173,18 @@ func newLimitsListCmd(config *string) *cobra.Command {
 	}
 }
 
-func newLimitsDeleteCmd(config *string) *cobra.Command {
+func newLimitsDeleteCmd(config *string, kube *kubeFlags) *cobra.Command {
 	return &cobra.Command{
 		Use:     "delete NAME",
 		Short:   "Remove a limit from the config file",
 		Example: "  rlagent limits delete dns",
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if rc, err := kube.config(); err != nil {
+				return err
+			} else if rc != nil {
+				return kubeDelete(cmd.Context(), rc, args[0])
+			}
 			return editConfig(*config, func(c *v1alpha1.Config) error {
 				i := slices.IndexFunc(c.Limits, func(l v1alpha1.Limit) bool { return l.Name == args[0] })
 				if i < 0 {

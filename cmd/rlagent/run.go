@@ -18,6 +18,7 @@ func newRunCmd() *cobra.Command {
 		config    string
 		logLevel  string
 		logFormat string
+		cluster   clusterFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "run",
@@ -26,20 +27,31 @@ func newRunCmd() *cobra.Command {
 falling back to generic), pins its maps and links under the pin directory, and keeps each
 limit's node share current as the replica count and the config file change.
 
+In a cluster (--kubeconfig, or in a pod), the limits are the RateLimit objects, the nodes
+scope divides by the ready agents (the pods --agent-selector selects in --agent-namespace)
+and the service scope by the ready endpoints of the Service, weighted by those on this node
+(--node-name). The config file then holds no limits.
+
 On SIGTERM, SIGINT or SIGKILL the agent exits and the pinned data path keeps enforcing
 the last shares. The next "rlagent run" adopts the pins without detaching. "rlagent
 cleanup" detaches and removes them.`,
 		Example: `  rlagent run --config /etc/rlagent/rlagent.yaml
-  rlagent run --config rlagent.yaml --log-level debug --log-format json`,
+  rlagent run --config rlagent.yaml --log-level debug --log-format json
+  # in a cluster (deploy/daemonset.yaml sets these from the downward API)
+  NODE_NAME=node-1 POD_NAMESPACE=rlagent-system rlagent run --config /etc/rlagent/rlagent.yaml`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log, err := newLogger(logLevel, logFormat)
 			if err != nil {
 				return err
 			}
+			k8s, err := cluster.source(log.With("source", "kubernetes"))
+			if err != nil {
+				return err
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
-			return agent.Run(ctx, agent.Options{ConfigPath: config, Log: log, Ready: func(addr string) {
+			return agent.Run(ctx, agent.Options{ConfigPath: config, Log: log, Kubernetes: k8s, Ready: func(addr string) {
 				log.Info("ready", "metrics", addr)
 			}})
 		},
@@ -47,6 +59,7 @@ cleanup" detaches and removes them.`,
 	cmd.Flags().StringVarP(&config, "config", "c", defaultConfig, "config file (YAML, see docs/config.md)")
 	cmd.Flags().StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	cmd.Flags().StringVar(&logFormat, "log-format", "text", "log format: text, json")
+	cluster.register(cmd)
 	return cmd
 }
 

@@ -1,0 +1,600 @@
+package v1alpha1
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/yaml"
+)
+
+// These tests read deploy/ without a cluster: every manifest decodes
+// strictly (an unknown or misspelled field is an error) into its typed
+// object, the RateLimit examples pass the agent's validation, the CRD agrees
+// with the Go types, and the DaemonSet and RBAC grant what docs/kubernetes.md
+// says and nothing more. That the API server accepts them is tested against
+// a real one (server-side dry run), not here.
+
+const deployDir = "../../deploy"
+
+// manifest is one YAML document of a file under deploy/.
+type manifest struct {
+	at   string // deploy/rbac.yaml#2
+	gvk  schema.GroupVersionKind
+	name string
+	data []byte
+}
+
+// readManifests returns every document of every .yaml file under deploy/
+// except kustomization.yaml, in file order.
+func readManifests(t *testing.T) []manifest {
+	t.Helper()
+	var out []manifest
+	err := filepath.WalkDir(deployDir, func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || filepath.Ext(path) != ".yaml" || d.Name() == "kustomization.yaml" {
+			return err
+		}
+		f, err := os.Open(path)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		r := utilyaml.NewYAMLReader(bufio.NewReader(f))
+		rel, _ := filepath.Rel(filepath.Dir(deployDir), path)
+		for i := 0; ; i++ {
+			doc, err := r.Read()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				return err
+			}
+			var head struct {
+				metav1.TypeMeta   `json:",inline"`
+				metav1.ObjectMeta `json:"metadata"`
+			}
+			if err := yaml.Unmarshal(doc, &head); err != nil {
+				t.Errorf("%s#%d: %v", rel, i, err)
+				continue
+			}
+			if head.Kind == "" && len(bytes.TrimSpace(doc)) > 0 && !onlyComments(doc) {
+				t.Errorf("%s#%d: a document without kind", rel, i)
+			}
+			if head.Kind == "" {
+				continue
+			}
+			out = append(out, manifest{at: rel + "#" + strconv.Itoa(i), gvk: head.GroupVersionKind(), name: head.Name, data: doc})
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out) == 0 {
+		t.Fatal("no manifests under deploy/")
+	}
+	return out
+}
+
+func onlyComments(doc []byte) bool {
+	for _, l := range strings.Split(string(doc), "\n") {
+		if l = strings.TrimSpace(l); l != "" && !strings.HasPrefix(l, "#") && l != "---" {
+			return false
+		}
+	}
+	return true
+}
+
+// decode decodes m strictly into out.
+func decode(t *testing.T, m manifest, out any) bool {
+	t.Helper()
+	if err := yaml.UnmarshalStrict(m.data, out); err != nil {
+		t.Errorf("%s: %v", m.at, err)
+		return false
+	}
+	return true
+}
+
+// deployment is the typed content of deploy/.
+type deployment struct {
+	crd                 map[string]any
+	examples            []*RateLimit
+	namespaces          []*corev1.Namespace
+	serviceAccounts     []*corev1.ServiceAccount
+	configMaps          []*corev1.ConfigMap
+	daemonSets          []*appsv1.DaemonSet
+	clusterRoles        []*rbacv1.ClusterRole
+	clusterRoleBindings []*rbacv1.ClusterRoleBinding
+	roles               []*rbacv1.Role
+	roleBindings        []*rbacv1.RoleBinding
+}
+
+func readDeployment(t *testing.T) *deployment {
+	t.Helper()
+	var d deployment
+	for _, m := range readManifests(t) {
+		switch m.gvk {
+		case SchemeGroupVersion.WithKind("RateLimit"):
+			if !strings.HasPrefix(m.at, "deploy/examples/") {
+				t.Errorf("%s: RateLimits belong in deploy/examples/", m.at)
+			}
+			if x := new(RateLimit); decode(t, m, x) {
+				d.examples = append(d.examples, x)
+			}
+		case schema.GroupVersionKind{Group: "apiextensions.k8s.io", Version: "v1", Kind: "CustomResourceDefinition"}:
+			if d.crd != nil {
+				t.Errorf("%s: a second CRD", m.at)
+			}
+			if m.at != "deploy/crd.yaml#0" {
+				t.Errorf("%s: the CRD belongs in deploy/crd.yaml", m.at)
+			}
+			d.crd = map[string]any{}
+			decode(t, m, &d.crd)
+		case corev1.SchemeGroupVersion.WithKind("Namespace"):
+			if x := new(corev1.Namespace); decode(t, m, x) {
+				d.namespaces = append(d.namespaces, x)
+			}
+		case corev1.SchemeGroupVersion.WithKind("ServiceAccount"):
+			if x := new(corev1.ServiceAccount); decode(t, m, x) {
+				d.serviceAccounts = append(d.serviceAccounts, x)
+			}
+		case corev1.SchemeGroupVersion.WithKind("ConfigMap"):
+			if x := new(corev1.ConfigMap); decode(t, m, x) {
+				d.configMaps = append(d.configMaps, x)
+			}
+		case appsv1.SchemeGroupVersion.WithKind("DaemonSet"):
+			if x := new(appsv1.DaemonSet); decode(t, m, x) {
+				d.daemonSets = append(d.daemonSets, x)
+			}
+		case rbacv1.SchemeGroupVersion.WithKind("ClusterRole"):
+			if x := new(rbacv1.ClusterRole); decode(t, m, x) {
+				d.clusterRoles = append(d.clusterRoles, x)
+			}
+		case rbacv1.SchemeGroupVersion.WithKind("ClusterRoleBinding"):
+			if x := new(rbacv1.ClusterRoleBinding); decode(t, m, x) {
+				d.clusterRoleBindings = append(d.clusterRoleBindings, x)
+			}
+		case rbacv1.SchemeGroupVersion.WithKind("Role"):
+			if x := new(rbacv1.Role); decode(t, m, x) {
+				d.roles = append(d.roles, x)
+			}
+		case rbacv1.SchemeGroupVersion.WithKind("RoleBinding"):
+			if x := new(rbacv1.RoleBinding); decode(t, m, x) {
+				d.roleBindings = append(d.roleBindings, x)
+			}
+		default:
+			t.Errorf("%s: unexpected %v: add it to this test, with checks", m.at, m.gvk)
+		}
+	}
+	if d.crd == nil {
+		t.Fatal("deploy/ has no CRD")
+	}
+	return &d
+}
+
+const agentNamespace = "rlagent-system"
+
+// TestExamples checks that every RateLimit under deploy/examples/ is one the
+// agents accept, and that together they show the fan-out: a per-source
+// limit, a per-consumer limit and a sampler.
+func TestExamples(t *testing.T) {
+	d := readDeployment(t)
+	var perSource, perConsumer, sampler bool
+	names := map[string]bool{}
+	for _, rl := range d.examples {
+		if !isDNSLabel(rl.Name) {
+			t.Errorf("RateLimit %q: the name is not a limit name", rl.Name)
+		}
+		if names[rl.Name] {
+			t.Errorf("RateLimit %q: defined twice", rl.Name)
+		}
+		names[rl.Name] = true
+		if rl.Namespace != "" {
+			t.Errorf("RateLimit %q has a namespace: RateLimit is cluster-scoped", rl.Name)
+		}
+		if rl.Spec.Scope == "" {
+			t.Errorf("RateLimit %q: scope is required in Kubernetes", rl.Name)
+		}
+		spec := *rl.Spec.DeepCopy()
+		spec.Default()
+		if err := spec.Validate("spec"); err != nil {
+			t.Errorf("RateLimit %q is invalid:\n%v", rl.Name, err)
+		}
+		switch {
+		case spec.Action == ActionShadow:
+			sampler = true
+		case spec.Key == KeySrcIP || spec.Key == KeySrcPrefix:
+			perSource = true
+		case spec.Key == KeyNone && spec.Scope == ScopeService:
+			perConsumer = true
+		}
+	}
+	if !perSource || !perConsumer || !sampler {
+		t.Errorf("the examples lack a kind of limit: per-source %v, per-consumer %v, sampler %v", perSource, perConsumer, sampler)
+	}
+}
+
+// path returns the value at the keys below m, or nil.
+func path(m any, keys ...string) any {
+	for _, k := range keys {
+		mm, ok := m.(map[string]any)
+		if !ok {
+			return nil
+		}
+		m = mm[k]
+	}
+	return m
+}
+
+func strs[T ~string](vs ...T) []string {
+	out := make([]string, len(vs))
+	for i, v := range vs {
+		out[i] = string(v)
+	}
+	return out
+}
+
+// TestCRD checks the generated CRD against the Go types: the markers in
+// types.go state enums, bounds and defaults a second time, so they must
+// agree with the constants, Default and the enum lists.
+func TestCRD(t *testing.T) {
+	crd := readDeployment(t).crd
+	if got := path(crd, "metadata", "name"); got != "ratelimits."+GroupName {
+		t.Errorf("name %v", got)
+	}
+	if got := path(crd, "spec", "scope"); got != "Cluster" {
+		t.Errorf("scope %v, want Cluster", got)
+	}
+	versions, _ := path(crd, "spec", "versions").([]any)
+	if len(versions) != 1 {
+		t.Fatalf("%d versions, want 1", len(versions))
+	}
+	v := versions[0]
+	if path(v, "name") != Version || path(v, "served") != true || path(v, "storage") != true {
+		t.Errorf("version %v served %v storage %v", path(v, "name"), path(v, "served"), path(v, "storage"))
+	}
+	if path(v, "subresources", "status") == nil {
+		t.Error("no status subresource")
+	}
+	var cols []string
+	for _, c := range path(v, "additionalPrinterColumns").([]any) {
+		cols = append(cols, path(c, "name").(string)+"="+path(c, "jsonPath").(string))
+	}
+	if want := []string{
+		"Rate=.spec.rate", "Unit=.spec.unit", "Scope=.spec.scope", "Replicas=.status.replicas",
+		`Accepted=.status.conditions[?(@.type=="Accepted")].status`, "Age=.metadata.creationTimestamp",
+	}; !slices.Equal(cols, want) {
+		t.Errorf("printer columns\n%q\nwant\n%q", cols, want)
+	}
+
+	spec := path(v, "schema", "openAPIV3Schema", "properties", "spec")
+	prop := func(p string) any {
+		keys := []string{}
+		for _, k := range strings.Split(p, ".") {
+			keys = append(keys, "properties", k)
+		}
+		return path(spec, keys...)
+	}
+	if got := path(spec, "required"); !reflect.DeepEqual(got, []any{"match", "rate", "scope"}) {
+		t.Errorf("spec requires %v, want match, rate, scope", got)
+	}
+
+	// Each enum lists every value the Go type defines (including those the
+	// agent rejects as not supported yet: the schema is the API, the agent
+	// what this release implements).
+	for field, want := range map[string][]string{
+		"unit":            append(strs(Units...), string(UnitConnections)),
+		"key":             strs(Keys...),
+		"scope":           strs(Scopes...),
+		"action":          strs(Actions...),
+		"match.direction": strs(Directions...),
+		"match.protocol":  strs(Protocols...),
+	} {
+		var got []string
+		for _, e := range path(prop(field), "enum").([]any) {
+			got = append(got, e.(string))
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("%s: enum %v, want %v", field, got, want)
+		}
+	}
+
+	// The defaults are those Default applies to an empty spec, except scope:
+	// its file default is no default in Kubernetes.
+	var empty RateLimitSpec
+	empty.Default()
+	defaulted := map[string]any{}
+	j, _ := yaml.Marshal(&empty)
+	if err := yaml.Unmarshal(j, &defaulted); err != nil {
+		t.Fatal(err)
+	}
+	for _, field := range []string{"unit", "key", "action", "match.direction", "match.protocol", "scope"} {
+		got := path(prop(field), "default")
+		want := path(defaulted, strings.Split(field, ".")...)
+		if field == "scope" {
+			want = nil
+		}
+		if got != want {
+			t.Errorf("%s: CRD default %v, Default sets %v", field, got, want)
+		}
+	}
+
+	num := func(field, bound string) float64 {
+		f, _ := path(prop(field), bound).(float64)
+		return f
+	}
+	for _, c := range []struct {
+		field, bound string
+		want         float64
+	}{
+		{"rate", "minimum", 1},
+		{"rate", "maximum", MaxGlobalRate},
+		{"burst", "minimum", 1},
+		{"prefixLength.ipv4", "minimum", 1},
+		{"prefixLength.ipv4", "maximum", 32},
+		{"prefixLength.ipv6", "minimum", 1},
+		{"prefixLength.ipv6", "maximum", 128},
+	} {
+		if got := num(c.field, c.bound); got != c.want {
+			t.Errorf("%s: %s %v, want %v", c.field, c.bound, got, c.want)
+		}
+	}
+	// The burst rule states MaxBurstSeconds and MaxGlobalRate again.
+	var burstRule string
+	for _, r := range path(spec, "x-kubernetes-validations").([]any) {
+		if path(r, "fieldPath") == ".burst" {
+			burstRule = path(r, "rule").(string)
+		}
+	}
+	if !strings.Contains(burstRule, "self.rate * "+strconv.Itoa(MaxBurstSeconds)) ||
+		!strings.Contains(burstRule, "self.rate > "+strconv.Itoa(MaxGlobalRate)) {
+		t.Errorf("burst rule %q does not state MaxBurstSeconds %d and MaxGlobalRate %d", burstRule, MaxBurstSeconds, uint64(MaxGlobalRate))
+	}
+}
+
+// TestDaemonSet checks the agent's security posture and its wiring to the
+// config, the namespace and the ServiceAccount.
+func TestDaemonSet(t *testing.T) {
+	d := readDeployment(t)
+	if len(d.daemonSets) != 1 || len(d.configMaps) != 1 || len(d.namespaces) != 1 || len(d.serviceAccounts) != 1 {
+		t.Fatalf("want one DaemonSet, ConfigMap, Namespace and ServiceAccount; have %d, %d, %d, %d",
+			len(d.daemonSets), len(d.configMaps), len(d.namespaces), len(d.serviceAccounts))
+	}
+	ds, cm, ns, sa := d.daemonSets[0], d.configMaps[0], d.namespaces[0], d.serviceAccounts[0]
+	for _, o := range []metav1.Object{ds, cm, sa} {
+		if o.GetNamespace() != agentNamespace {
+			t.Errorf("%s is in namespace %q, want %q", o.GetName(), o.GetNamespace(), agentNamespace)
+		}
+	}
+	if ns.Name != agentNamespace {
+		t.Errorf("namespace %q, want %q", ns.Name, agentNamespace)
+	}
+
+	sel, err := metav1.LabelSelectorAsSelector(ds.Spec.Selector)
+	if err != nil || sel.Empty() || !sel.Matches(labels.Set(ds.Spec.Template.Labels)) {
+		t.Errorf("selector %v does not select the pod template's labels %v (%v)", ds.Spec.Selector, ds.Spec.Template.Labels, err)
+	}
+	if s := ds.Spec.UpdateStrategy; s.Type != appsv1.RollingUpdateDaemonSetStrategyType ||
+		s.RollingUpdate == nil || s.RollingUpdate.MaxUnavailable == nil || s.RollingUpdate.MaxUnavailable.IntValue() != 1 {
+		t.Errorf("update strategy %+v, want RollingUpdate with maxUnavailable 1", s)
+	}
+
+	pod := ds.Spec.Template.Spec
+	if pod.ServiceAccountName != sa.Name {
+		t.Errorf("serviceAccountName %q, want %q", pod.ServiceAccountName, sa.Name)
+	}
+	if !pod.HostNetwork || pod.DNSPolicy != corev1.DNSClusterFirstWithHostNet {
+		t.Errorf("hostNetwork %v, dnsPolicy %q: want true, ClusterFirstWithHostNet", pod.HostNetwork, pod.DNSPolicy)
+	}
+	if pod.HostPID || pod.HostIPC {
+		t.Error("hostPID or hostIPC: the agent needs neither")
+	}
+	if !slices.ContainsFunc(pod.Tolerations, func(t corev1.Toleration) bool {
+		return t.Operator == corev1.TolerationOpExists && t.Key == "" && t.Effect == ""
+	}) {
+		t.Errorf("tolerations %v do not tolerate every taint: the agent runs on every node", pod.Tolerations)
+	}
+	if pod.TerminationGracePeriodSeconds == nil {
+		t.Error("no terminationGracePeriodSeconds")
+	}
+	if len(pod.InitContainers) != 0 || len(pod.Containers) != 1 {
+		t.Fatalf("%d init containers and %d containers, want 0 and 1", len(pod.InitContainers), len(pod.Containers))
+	}
+	c := pod.Containers[0]
+
+	sc := c.SecurityContext
+	if sc == nil || sc.Privileged == nil || *sc.Privileged ||
+		sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation ||
+		sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem || sc.Capabilities == nil {
+		t.Fatalf("securityContext %+v: want privileged false, allowPrivilegeEscalation false, readOnlyRootFilesystem true and capabilities", sc)
+	}
+	add := strs(sc.Capabilities.Add...)
+	slices.Sort(add)
+	if want := []string{"BPF", "NET_ADMIN", "PERFMON"}; !slices.Equal(add, want) {
+		t.Errorf("capabilities add %v, want exactly %v", add, want)
+	}
+	if drop := strs(sc.Capabilities.Drop...); !slices.Equal(drop, []string{"ALL"}) {
+		t.Errorf("capabilities drop %v, want [ALL]", drop)
+	}
+
+	if want := []string{"run", "--config", "/etc/rlagent/rlagent.yaml"}; !slices.Equal(c.Args, want) {
+		t.Errorf("args %q, want %q", c.Args, want)
+	}
+	env := map[string]string{}
+	for _, e := range c.Env {
+		if e.ValueFrom != nil && e.ValueFrom.FieldRef != nil {
+			env[e.Name] = e.ValueFrom.FieldRef.FieldPath
+		}
+	}
+	if env["NODE_NAME"] != "spec.nodeName" || env["POD_NAMESPACE"] != "metadata.namespace" {
+		t.Errorf("downward API env %v: want NODE_NAME from spec.nodeName, POD_NAMESPACE from metadata.namespace", env)
+	}
+	for _, r := range []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory} {
+		req, lim := c.Resources.Requests[r], c.Resources.Limits[r]
+		if req.IsZero() || lim.IsZero() || req.Cmp(lim) > 0 {
+			t.Errorf("%s: request %v, limit %v: want both, request <= limit", r, &req, &lim)
+		}
+	}
+
+	// The volumes: /sys/fs/bpf from the host, the config from the ConfigMap.
+	mounts := map[string]corev1.VolumeMount{}
+	for _, m := range c.VolumeMounts {
+		mounts[m.Name] = m
+	}
+	var bpffs, config bool
+	for _, v := range pod.Volumes {
+		m, mounted := mounts[v.Name]
+		switch {
+		case v.HostPath != nil:
+			if v.HostPath.Path != "/sys/fs/bpf" || v.HostPath.Type == nil || *v.HostPath.Type != corev1.HostPathDirectoryOrCreate ||
+				!mounted || m.MountPath != "/sys/fs/bpf" || m.ReadOnly {
+				t.Errorf("hostPath volume %q %+v mounted %+v: want /sys/fs/bpf (DirectoryOrCreate) at /sys/fs/bpf, writable", v.Name, v.HostPath, m)
+			}
+			if m.MountPropagation != nil && *m.MountPropagation == corev1.MountPropagationBidirectional {
+				t.Errorf("volume %q: Bidirectional mount propagation needs a privileged container", v.Name)
+			}
+			bpffs = true
+		case v.ConfigMap != nil:
+			if v.ConfigMap.Name != cm.Name || !mounted || m.MountPath != "/etc/rlagent" || !m.ReadOnly || m.SubPath != "" {
+				t.Errorf("config volume %q %+v mounted %+v: want ConfigMap %q read-only at /etc/rlagent, no subPath (it would not see edits)", v.Name, v.ConfigMap, m, cm.Name)
+			}
+			config = true
+		default:
+			t.Errorf("volume %q: unexpected kind", v.Name)
+		}
+	}
+	if !bpffs || !config {
+		t.Errorf("volumes: /sys/fs/bpf %v, config %v", bpffs, config)
+	}
+
+	// The config the agent runs with: valid, pinned below the mounted BPF
+	// filesystem, serving /healthz where the readiness probe asks.
+	cfg, err := ParseConfig([]byte(cm.Data["rlagent.yaml"]))
+	if err != nil {
+		t.Fatalf("ConfigMap %s, rlagent.yaml: %v", cm.Name, err)
+	}
+	if !strings.HasPrefix(cfg.PinDir, "/sys/fs/bpf/") {
+		t.Errorf("pinDir %q is not below the mounted /sys/fs/bpf", cfg.PinDir)
+	}
+	if len(cfg.Limits) != 0 {
+		t.Errorf("the ConfigMap lists limits: in a cluster they are RateLimit objects")
+	}
+	host, port, err := net.SplitHostPort(cfg.MetricsAddress)
+	if err != nil || (host != "" && host != "0.0.0.0" && host != "::") {
+		t.Errorf("metricsAddress %q: the kubelet probes the node's IP, so the agent must listen on every address", cfg.MetricsAddress)
+	}
+	var metricsPort *corev1.ContainerPort
+	for i, p := range c.Ports {
+		if strconv.Itoa(int(p.ContainerPort)) == port {
+			metricsPort = &c.Ports[i]
+		}
+	}
+	if metricsPort == nil {
+		t.Fatalf("no container port for metricsAddress %q", cfg.MetricsAddress)
+	}
+	pr := c.ReadinessProbe
+	if pr == nil || pr.HTTPGet == nil || pr.HTTPGet.Path != "/healthz" || pr.HTTPGet.Host != "" ||
+		(pr.HTTPGet.Port.String() != metricsPort.Name && pr.HTTPGet.Port.String() != port) {
+		t.Errorf("readiness probe %+v: want httpGet /healthz on the metrics port %s", pr, port)
+	}
+
+	if ns.Labels["pod-security.kubernetes.io/enforce"] != "privileged" {
+		t.Errorf("namespace %s: the agent's pod needs the privileged Pod Security level (hostNetwork, hostPath, capabilities)", ns.Name)
+	}
+}
+
+// TestRBAC checks that the agents get exactly the rights docs/kubernetes.md
+// lists: read RateLimits and EndpointSlices, write RateLimit status only,
+// read their own pods and DaemonSet in their namespace.
+func TestRBAC(t *testing.T) {
+	d := readDeployment(t)
+	if len(d.clusterRoles) != 1 || len(d.roles) != 1 || len(d.clusterRoleBindings) != 1 || len(d.roleBindings) != 1 || len(d.serviceAccounts) != 1 {
+		t.Fatalf("want one ClusterRole, Role, ClusterRoleBinding, RoleBinding and ServiceAccount")
+	}
+	read := []string{"get", "list", "watch"}
+	if want := []rbacv1.PolicyRule{
+		{APIGroups: []string{GroupName}, Resources: []string{"ratelimits"}, Verbs: read},
+		{APIGroups: []string{GroupName}, Resources: []string{"ratelimits/status"}, Verbs: []string{"update", "patch"}},
+		{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: read},
+	}; !reflect.DeepEqual(d.clusterRoles[0].Rules, want) {
+		t.Errorf("ClusterRole rules\n%+v\nwant\n%+v", d.clusterRoles[0].Rules, want)
+	}
+	ds := "rlagent"
+	if len(d.daemonSets) == 1 {
+		ds = d.daemonSets[0].Name
+	}
+	role := d.roles[0]
+	if role.Namespace != agentNamespace {
+		t.Errorf("Role in %q, want %q", role.Namespace, agentNamespace)
+	}
+	if want := []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: read},
+		{APIGroups: []string{"apps"}, Resources: []string{"daemonsets"}, ResourceNames: []string{ds}, Verbs: []string{"get"}},
+	}; !reflect.DeepEqual(role.Rules, want) {
+		t.Errorf("Role rules\n%+v\nwant\n%+v", role.Rules, want)
+	}
+
+	sa := d.serviceAccounts[0]
+	subject := []rbacv1.Subject{{Kind: "ServiceAccount", Name: sa.Name, Namespace: sa.Namespace}}
+	crb, rb := d.clusterRoleBindings[0], d.roleBindings[0]
+	if crb.RoleRef != (rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: d.clusterRoles[0].Name}) ||
+		!reflect.DeepEqual(crb.Subjects, subject) {
+		t.Errorf("ClusterRoleBinding %+v does not bind the ClusterRole to %+v", crb, subject)
+	}
+	if rb.Namespace != agentNamespace ||
+		rb.RoleRef != (rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: role.Name}) ||
+		!reflect.DeepEqual(rb.Subjects, subject) {
+		t.Errorf("RoleBinding %+v does not bind the Role to %+v in %s", rb, subject, agentNamespace)
+	}
+}
+
+// TestKustomization checks that `kubectl apply -k deploy/` installs every
+// manifest of deploy/ but the examples.
+func TestKustomization(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join(deployDir, "kustomization.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var k struct {
+		APIVersion string   `json:"apiVersion"`
+		Kind       string   `json:"kind"`
+		Resources  []string `json:"resources"`
+		Images     []struct {
+			Name    string `json:"name"`
+			NewName string `json:"newName,omitempty"`
+			NewTag  string `json:"newTag,omitempty"`
+		} `json:"images"`
+	}
+	if err := yaml.UnmarshalStrict(data, &k); err != nil {
+		t.Fatal(err)
+	}
+	files, _ := filepath.Glob(filepath.Join(deployDir, "*.yaml"))
+	var want []string
+	for _, f := range files {
+		if b := filepath.Base(f); b != "kustomization.yaml" {
+			want = append(want, b)
+		}
+	}
+	got := slices.Clone(k.Resources)
+	slices.Sort(got)
+	// (The order does not matter: kustomize puts namespaces and CRDs first.)
+	if k.Kind != "Kustomization" || !slices.Equal(got, want) {
+		t.Errorf("kustomization %s lists %v, want every manifest in deploy/: %v", k.Kind, k.Resources, want)
+	}
+}

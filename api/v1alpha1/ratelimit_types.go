@@ -1,0 +1,102 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// The RateLimit custom resource: a limit of the config file as a
+// cluster-wide Kubernetes object. Its spec is the file's RateLimitSpec, and
+// the kubebuilder markers on the spec types (types.go) make the CRD schema
+// (deploy/crd.yaml, written by `make generate`) reject at the API server what
+// a schema can express: required fields, enums, bounds, formats and cheap
+// cross-field rules. The markers never change how the file is read; the file
+// is checked by Validate alone, and so is every RateLimit an agent receives,
+// since a schema cannot express every rule (and an object stored under an
+// older schema was never checked against the new one).
+
+// ConditionAccepted is the condition type that says whether the agents
+// accept a RateLimit's spec: True, or False with the validation error as the
+// message.
+const ConditionAccepted = "Accepted"
+
+// The reasons of the Accepted condition.
+const (
+	// ReasonValid: the spec passed the agent's validation.
+	ReasonValid = "Valid"
+	// ReasonInvalid: the agent's validation rejected the spec; the
+	// condition's message lists every problem, one per line.
+	ReasonInvalid = "Invalid"
+)
+
+// RateLimit is one global rate limit, enforced on every node of the cluster
+// by the rlagent DaemonSet. The object's name is the limit's name.
+//
+// It is cluster-scoped: a limit acts on the nodes' host packet path, which
+// every namespace shares. A namespaced RateLimit would let a tenant with
+// rights in one namespace limit the traffic of every other tenant.
+//
+// +kubebuilder:object:generate=true
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:scope=Cluster,path=ratelimits,singular=ratelimit,shortName=rl
+// +kubebuilder:subresource:status
+// +kubebuilder:printcolumn:name="Rate",type=integer,JSONPath=".spec.rate",description="The global rate, in units per second over all replicas"
+// +kubebuilder:printcolumn:name="Unit",type=string,JSONPath=".spec.unit",description="What one token is worth"
+// +kubebuilder:printcolumn:name="Scope",type=string,JSONPath=".spec.scope",description="How the global rate is divided among replicas"
+// +kubebuilder:printcolumn:name="Replicas",type=integer,JSONPath=".status.replicas",description="The count the global rate is divided by, as the agents observe it"
+// +kubebuilder:printcolumn:name="Accepted",type=string,JSONPath=".status.conditions[?(@.type==\"Accepted\")].status",description="Whether the agents accept the spec"
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=".metadata.creationTimestamp"
+// +kubebuilder:validation:XValidation:rule="size(self.metadata.name) <= 63 && self.metadata.name.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')",message="metadata.name is the limit's name: 1..63 lowercase letters, digits and '-', starting and ending with a letter or digit (no dots)"
+type RateLimit struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// Spec is the limit: the global rate, which packets it applies to, how
+	// it splits them into buckets, how the rate is divided among replicas
+	// and what happens to a packet over the limit.
+	// (Required)
+	// +required
+	Spec RateLimitSpec `json:"spec"`
+
+	// Status is what the agents observe: the replica count the rate is
+	// divided by, and whether they accept the spec.
+	// +optional
+	Status RateLimitStatus `json:"status,omitzero"`
+}
+
+// RateLimitStatus is written by the agents, through the status subresource.
+//
+// +kubebuilder:object:generate=true
+type RateLimitStatus struct {
+	// ObservedGeneration is the metadata.generation of the spec this status
+	// describes.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// Replicas is the count the global rate is divided by, as the agents
+	// observe it: the ready agents with scope nodes, the ready endpoints of
+	// the Service with scope service. A count below 1 is enforced as 1.
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	Replicas int32 `json:"replicas"`
+
+	// Conditions are the observations of the limit's state. Type Accepted
+	// is True when the agents accept the spec, and False with their
+	// validation error as the message when they do not (the limit is then
+	// not enforced).
+	// +listType=map
+	// +listMapKey=type
+	// +patchStrategy=merge
+	// +patchMergeKey=type
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty" patchStrategy:"merge" patchMergeKey:"type"`
+}
+
+// RateLimitList is a list of RateLimits.
+//
+// +kubebuilder:object:generate=true
+// +kubebuilder:object:root=true
+type RateLimitList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []RateLimit `json:"items"`
+}

@@ -1,0 +1,518 @@
+package watcher
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"reflect"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+
+	"github.com/rlagent/rlagent/api/v1alpha1"
+)
+
+// RateLimitResource is the RateLimit custom resource.
+var RateLimitResource = v1alpha1.RateLimitResource
+
+// KubernetesConfig configures the Kubernetes source.
+type KubernetesConfig struct {
+	Client  kubernetes.Interface
+	Dynamic dynamic.Interface
+	// NodeName is this node (from the downward API): the service scope
+	// counts the endpoints on it.
+	NodeName string
+	// AgentNamespace and AgentSelector find the agents' own pods: the nodes
+	// scope divides by the ready ones.
+	AgentNamespace string
+	AgentSelector  labels.Selector
+	// Resync is the informers' resync period (0: none).
+	Resync time.Duration
+	// ProbeInterval is how often the API server is asked whether it is
+	// there, to date the observations (default 2 s).
+	ProbeInterval time.Duration
+	// Probe asks the API server whether it is there (default: GET /readyz).
+	Probe func(context.Context) error
+	Log           *slog.Logger
+}
+
+// Endpoint is a ready endpoint of a Service on this node.
+type Endpoint struct {
+	Addr netip.Addr
+}
+
+// EndpointPort is a port the endpoints of a Service serve.
+type EndpointPort struct {
+	Protocol corev1.Protocol
+	Port     uint16
+}
+
+// Kubernetes is the count source of a cluster, and the source of the limits
+// themselves: RateLimit objects. It follows sample-controller: informers
+// and listers, event handlers that only enqueue a key, caches synced before
+// any work, and a sync that reads from the listers and never mutates them.
+//
+// The last observation stands while the API server is unreachable: the
+// listers keep their content when a watch fails, and a relist replaces it
+// with what is true, never with nothing. What changes is the observation's
+// age: At is the last time the API server answered.
+type Kubernetes struct {
+	cfg   KubernetesConfig
+	log   *slog.Logger
+	queue workqueue.TypedRateLimitingInterface[string]
+
+	rlInformer    cache.SharedIndexInformer
+	sliceInformer cache.SharedIndexInformer
+	podInformer   cache.SharedIndexInformer
+
+	mu        sync.Mutex
+	limits    map[string]v1alpha1.Limit // by name, valid or not
+	invalid   map[string]error          // names whose spec the agent rejects
+	obs       map[string]Observation    // by limit name
+	local     map[string][]Endpoint     // service scope: this node's ready endpoints
+	ports     map[string][]EndpointPort // service scope: the Service's ports
+	agents    int
+	contacted time.Time
+	probeErr  error
+	synced    bool
+	notify    func()
+}
+
+// NewKubernetes returns a Kubernetes source. Run starts it.
+func NewKubernetes(cfg KubernetesConfig) *Kubernetes {
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	if cfg.ProbeInterval <= 0 {
+		cfg.ProbeInterval = 2 * time.Second
+	}
+	if cfg.AgentSelector == nil {
+		cfg.AgentSelector = labels.Everything()
+	}
+	if cfg.Probe == nil {
+		client := cfg.Client
+		cfg.Probe = func(ctx context.Context) error {
+			return client.Discovery().RESTClient().Get().AbsPath("/readyz").Do(ctx).Error()
+		}
+	}
+	k := &Kubernetes{
+		cfg:     cfg,
+		log:     cfg.Log,
+		queue:   workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
+		limits:  make(map[string]v1alpha1.Limit),
+		invalid: make(map[string]error),
+		obs:     make(map[string]Observation),
+		local:   make(map[string][]Endpoint),
+		ports:   make(map[string][]EndpointPort),
+	}
+
+	dyn := dynamicinformer.NewDynamicSharedInformerFactory(cfg.Dynamic, cfg.Resync)
+	k.rlInformer = dyn.ForResource(RateLimitResource).Informer()
+	typed := informers.NewSharedInformerFactoryWithOptions(cfg.Client, cfg.Resync)
+	k.sliceInformer = typed.Discovery().V1().EndpointSlices().Informer()
+	pods := informers.NewSharedInformerFactoryWithOptions(cfg.Client, cfg.Resync,
+		informers.WithNamespace(cfg.AgentNamespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = cfg.AgentSelector.String() }))
+	k.podInformer = pods.Core().V1().Pods().Informer()
+
+	enqueue := func(key string) { k.queue.Add(key) }
+	k.rlInformer.AddEventHandler(handler(func(any) { enqueue(keyLimits) }))
+	k.sliceInformer.AddEventHandler(handler(func(obj any) {
+		if s, ok := obj.(*discoveryv1.EndpointSlice); ok {
+			if svc := s.Labels[discoveryv1.LabelServiceName]; svc != "" {
+				enqueue(keyService + s.Namespace + "/" + svc)
+			}
+		}
+	}))
+	k.podInformer.AddEventHandler(handler(func(any) { enqueue(keyAgents) }))
+	for _, inf := range []cache.SharedIndexInformer{k.rlInformer, k.sliceInformer, k.podInformer} {
+		inf.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
+			k.log.Warn("watch failed; the last observed counts stand", "error", err)
+		})
+	}
+	return k
+}
+
+const (
+	keyLimits  = "ratelimits"
+	keyAgents  = "agents"
+	keyService = "service/"
+)
+
+// handler enqueues on every add, update and delete, tombstones included.
+func handler(f func(obj any)) cache.ResourceEventHandlerFuncs {
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc:    f,
+		UpdateFunc: func(_, obj any) { f(obj) },
+		DeleteFunc: func(obj any) {
+			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = t.Obj
+			}
+			f(obj)
+		},
+	}
+}
+
+// Run starts the informers, waits for their caches, and syncs until ctx
+// ends, calling notify after every change of the limits or a count.
+func (k *Kubernetes) Run(ctx context.Context, notify func()) {
+	k.mu.Lock()
+	k.notify = notify
+	k.mu.Unlock()
+	defer k.queue.ShutDown()
+	for _, inf := range []cache.SharedIndexInformer{k.rlInformer, k.sliceInformer, k.podInformer} {
+		go inf.RunWithContext(ctx)
+	}
+	go k.probe(ctx)
+	if !cache.WaitForCacheSync(ctx.Done(), k.rlInformer.HasSynced, k.sliceInformer.HasSynced, k.podInformer.HasSynced) {
+		return
+	}
+	k.mu.Lock()
+	k.synced = true
+	k.contacted = time.Now()
+	k.mu.Unlock()
+	k.queue.Add(keyLimits)
+	go func() {
+		<-ctx.Done()
+		k.queue.ShutDown()
+	}()
+	for k.processNext() {
+	}
+}
+
+// Synced reports whether the caches have synced once.
+func (k *Kubernetes) Synced() bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.synced
+}
+
+func (k *Kubernetes) processNext() bool {
+	key, quit := k.queue.Get()
+	if quit {
+		return false
+	}
+	defer k.queue.Done(key)
+	if err := k.sync(key); err != nil {
+		k.log.Error("sync", "key", key, "error", err)
+		k.queue.AddRateLimited(key)
+		return true
+	}
+	k.queue.Forget(key)
+	return true
+}
+
+// sync recomputes what key stands for, from the listers, and notifies if
+// anything changed.
+func (k *Kubernetes) sync(key string) error {
+	k.mu.Lock()
+	changed := false
+	switch {
+	case key == keyLimits:
+		changed = k.syncLimits()
+		for name := range k.limits {
+			changed = k.syncObservation(name) || changed
+		}
+	case key == keyAgents:
+		changed = k.syncAgents()
+	case strings.HasPrefix(key, keyService):
+		svc := strings.TrimPrefix(key, keyService)
+		for name, l := range k.limits {
+			if l.Scope == v1alpha1.ScopeService && l.Match.Service == svc {
+				changed = k.syncObservation(name) || changed
+			}
+		}
+	}
+	notify := k.notify
+	k.mu.Unlock()
+	if changed && notify != nil {
+		notify()
+	}
+	return nil
+}
+
+func (k *Kubernetes) syncLimits() bool {
+	next := make(map[string]v1alpha1.Limit)
+	invalid := make(map[string]error)
+	for _, obj := range k.rlInformer.GetStore().List() {
+		u, ok := obj.(*unstructured.Unstructured)
+		if !ok {
+			continue
+		}
+		var spec v1alpha1.RateLimitSpec
+		raw, _, _ := unstructured.NestedMap(u.Object, "spec")
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(raw, &spec); err != nil {
+			invalid[u.GetName()] = fmt.Errorf("spec: %w", err)
+			continue
+		}
+		spec.Default()
+		if err := spec.Validate("spec"); err != nil {
+			invalid[u.GetName()] = err
+		}
+		next[u.GetName()] = v1alpha1.Limit{Name: u.GetName(), RateLimitSpec: spec}
+	}
+	changed := !equalLimits(k.limits, next) || !equalErrs(k.invalid, invalid)
+	k.limits, k.invalid = next, invalid
+	for name := range k.obs {
+		if _, ok := next[name]; !ok {
+			delete(k.obs, name)
+			delete(k.local, name)
+			delete(k.ports, name)
+		}
+	}
+	return changed
+}
+
+func (k *Kubernetes) syncAgents() bool {
+	n := 0
+	for _, obj := range k.podInformer.GetStore().List() {
+		p, ok := obj.(*corev1.Pod)
+		if !ok || p.DeletionTimestamp != nil || !k.cfg.AgentSelector.Matches(labels.Set(p.Labels)) {
+			continue
+		}
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
+				n++
+				break
+			}
+		}
+	}
+	if n == k.agents {
+		return false
+	}
+	k.agents = n
+	changed := false
+	for name, l := range k.limits {
+		if l.Scope == v1alpha1.ScopeNodes {
+			changed = k.syncObservation(name) || changed
+		}
+	}
+	return changed
+}
+
+// syncObservation recomputes one limit's count. Callers hold k.mu.
+func (k *Kubernetes) syncObservation(name string) bool {
+	l := k.limits[name]
+	var o Observation
+	var local []Endpoint
+	var ports []EndpointPort
+	switch l.Scope {
+	case v1alpha1.ScopeNodes:
+		o.Replicas, o.Local = k.agents, min(k.agents, 1)
+	case v1alpha1.ScopeService:
+		o.Replicas, local, ports = k.serviceEndpoints(l.Match.Service)
+		o.Local = len(local)
+	default:
+		// static: the agent divides it by its own count source.
+		return false
+	}
+	prev, had := k.obs[name]
+	k.obs[name] = o
+	changed := !had || prev.Replicas != o.Replicas || prev.Local != o.Local ||
+		!slices.Equal(k.local[name], local) || !slices.Equal(k.ports[name], ports)
+	k.local[name], k.ports[name] = local, ports
+	return changed
+}
+
+// serviceEndpoints counts a Service's ready endpoints (namespace/name), all
+// and on this node, from its EndpointSlices.
+func (k *Kubernetes) serviceEndpoints(svc string) (total int, local []Endpoint, ports []EndpointPort) {
+	ns, name, _ := strings.Cut(svc, "/")
+	seen := make(map[string]bool)
+	for _, obj := range k.sliceInformer.GetStore().List() {
+		s, ok := obj.(*discoveryv1.EndpointSlice)
+		if !ok || s.Namespace != ns || s.Labels[discoveryv1.LabelServiceName] != name {
+			continue
+		}
+		for _, p := range s.Ports {
+			if p.Port == nil {
+				continue
+			}
+			proto := corev1.ProtocolTCP
+			if p.Protocol != nil {
+				proto = *p.Protocol
+			}
+			ep := EndpointPort{Protocol: proto, Port: uint16(*p.Port)}
+			if !slices.Contains(ports, ep) {
+				ports = append(ports, ep)
+			}
+		}
+		for _, e := range s.Endpoints {
+			if e.Conditions.Ready != nil && !*e.Conditions.Ready {
+				continue
+			}
+			if len(e.Addresses) == 0 || seen[e.Addresses[0]] {
+				continue // an endpoint in two slices (a rollout) counts once
+			}
+			seen[e.Addresses[0]] = true
+			total++
+			if e.NodeName != nil && *e.NodeName == k.cfg.NodeName {
+				for _, a := range e.Addresses {
+					if addr, err := netip.ParseAddr(a); err == nil {
+						local = append(local, Endpoint{Addr: addr})
+					}
+				}
+			}
+		}
+	}
+	sort.Slice(local, func(i, j int) bool { return local[i].Addr.Less(local[j].Addr) })
+	sort.Slice(ports, func(i, j int) bool {
+		if ports[i].Protocol != ports[j].Protocol {
+			return ports[i].Protocol < ports[j].Protocol
+		}
+		return ports[i].Port < ports[j].Port
+	})
+	return total, local, ports
+}
+
+// probe dates the observations: At is the last time the API server
+// answered. While it does not, the counts stand and their age grows.
+func (k *Kubernetes) probe(ctx context.Context) {
+	t := time.NewTicker(k.cfg.ProbeInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		pctx, cancel := context.WithTimeout(ctx, k.cfg.ProbeInterval)
+		err := k.cfg.Probe(pctx)
+		cancel()
+		k.mu.Lock()
+		was := k.probeErr
+		if err == nil {
+			k.contacted = time.Now()
+		}
+		k.probeErr = err
+		notify := k.notify
+		k.mu.Unlock()
+		if (was == nil) != (err == nil) {
+			if err != nil {
+				k.log.Warn("API server unreachable; the last observed counts stand", "error", err)
+			} else {
+				k.log.Info("API server reachable again")
+			}
+			if notify != nil {
+				notify()
+			}
+		}
+	}
+}
+
+// Observe returns the latest count for the named limit.
+func (k *Kubernetes) Observe(limit string) Observation {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	o := k.obs[limit]
+	o.At, o.Err = k.contacted, k.probeErr
+	return o
+}
+
+// Limits returns the RateLimit objects as limits, sorted by name, and the
+// reasons the agent rejects some of them.
+func (k *Kubernetes) Limits() ([]v1alpha1.Limit, map[string]error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	out := make([]v1alpha1.Limit, 0, len(k.limits))
+	for _, l := range k.limits {
+		out = append(out, l)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	inv := make(map[string]error, len(k.invalid))
+	for n, e := range k.invalid {
+		inv[n] = e
+	}
+	return out, inv
+}
+
+// LocalEndpoints returns, for a service-scoped limit, the ready endpoints of
+// its Service on this node and the Service's ports.
+func (k *Kubernetes) LocalEndpoints(limit string) ([]Endpoint, []EndpointPort) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return slices.Clone(k.local[limit]), slices.Clone(k.ports[limit])
+}
+
+func equalLimits(a, b map[string]v1alpha1.Limit) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for n, l := range a {
+		m, ok := b[n]
+		if !ok || !reflect.DeepEqual(l.RateLimitSpec, m.RateLimitSpec) {
+			return false
+		}
+	}
+	return true
+}
+
+func equalErrs(a, b map[string]error) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for n, e := range a {
+		f, ok := b[n]
+		if !ok || e.Error() != f.Error() {
+			return false
+		}
+	}
+	return true
+}
+
+// ReportStatus records on a RateLimit whether this agent accepts it and the
+// count it is divided by, if that differs from what the object says. Every
+// agent computes the same values from the same objects, so the writes
+// converge; an agent writes only on a difference.
+func (k *Kubernetes) ReportStatus(ctx context.Context, name string, acceptErr error, replicas int32) error {
+	obj, ok, err := k.rlInformer.GetStore().GetByKey(name)
+	if err != nil || !ok {
+		return err
+	}
+	cur, ok := obj.(*unstructured.Unstructured)
+	if !ok {
+		return nil
+	}
+	cond := map[string]any{"type": v1alpha1.ConditionAccepted, "status": "True", "reason": v1alpha1.ReasonValid, "message": "", "observedGeneration": cur.GetGeneration()}
+	if acceptErr != nil {
+		cond["status"], cond["reason"], cond["message"] = "False", v1alpha1.ReasonInvalid, acceptErr.Error()
+	}
+	oldConds, _, _ := unstructured.NestedSlice(cur.Object, "status", "conditions")
+	oldReplicas, _, _ := unstructured.NestedInt64(cur.Object, "status", "replicas")
+	oldGen, _, _ := unstructured.NestedInt64(cur.Object, "status", "observedGeneration")
+	if oldReplicas == int64(replicas) && oldGen == cur.GetGeneration() && len(oldConds) == 1 {
+		if c, ok := oldConds[0].(map[string]any); ok && c["status"] == cond["status"] && c["message"] == cond["message"] &&
+			c["observedGeneration"] == cond["observedGeneration"] {
+			return nil
+		}
+	}
+	cond["lastTransitionTime"] = metav1.Now().UTC().Format(time.RFC3339)
+	next := cur.DeepCopy()
+	if err := unstructured.SetNestedField(next.Object, int64(replicas), "status", "replicas"); err != nil {
+		return err
+	}
+	if err := unstructured.SetNestedField(next.Object, cur.GetGeneration(), "status", "observedGeneration"); err != nil {
+		return err
+	}
+	if err := unstructured.SetNestedSlice(next.Object, []any{cond}, "status", "conditions"); err != nil {
+		return err
+	}
+	_, err = k.cfg.Dynamic.Resource(RateLimitResource).UpdateStatus(ctx, next, metav1.UpdateOptions{})
+	return err
+}
