@@ -1,5 +1,5 @@
-// Package v1alpha1 is the limit spec shared by rlagent's YAML config file and,
-// later, the RateLimit custom resource in API group rlagent.io/v1alpha1: the
+// Package v1alpha1 is the limit spec shared by rlagent's YAML config file and
+// the RateLimit custom resource in API group rlagent.io/v1alpha1: the
 // Go types, their defaults and their validation.
 //
 // The types carry JSON field names, so one schema serves the YAML file
