@@ -25,8 +25,9 @@ BENCH ?= .
 BENCHTIME ?= 2s
 BENCHCOUNT ?= 1
 
-# bpf2go output that is committed; verify-generate fails when regenerating changes it.
-GENERATED := 'bpf/*_bpfel.go' 'bpf/*_bpfel.o' 'bpf/*_bpfeb.go' 'bpf/*_bpfeb.o'
+# Generated files that are committed (bpf2go output, controller-gen's deepcopy code and CRD);
+# verify-generate fails when regenerating changes them.
+GENERATED := 'bpf/*_bpfel.go' 'bpf/*_bpfel.o' 'bpf/*_bpfeb.go' 'bpf/*_bpfeb.o' api/v1alpha1/zz_generated.deepcopy.go deploy/crd.yaml
 
 # Debian packages that provide clang, llvm-strip and <bpf/bpf_helpers.h>.
 BPF_PACKAGES := clang llvm libbpf-dev
@@ -34,7 +35,7 @@ BPF_PACKAGES := clang llvm libbpf-dev
 # Tests read this to turn "needs root" and "kernel lacks X" skips into failures (CI sets it).
 export RLAGENT_REQUIRE_ROOT_TESTS
 
-.PHONY: help deps-bpf generate verify-generate build test test-fuzz bench demo clean
+.PHONY: help deps-bpf generate verify-generate build test test-k8s test-fuzz bench demo clean
 
 help: ## list targets and variables
 	@echo 'Usage: make <target> [VAR=value ...]'
@@ -58,13 +59,15 @@ deps-bpf: ## install clang, llvm-strip and libbpf headers with apt-get if any is
 	apt-get update && \
 	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $(BPF_PACKAGES)
 
-generate: deps-bpf ## regenerate the BPF objects and Go bindings in bpf/ (bpf2go)
+generate: deps-bpf ## regenerate bpf/ (bpf2go), the api/ deepcopy code and deploy/crd.yaml (controller-gen)
 	$(GO) generate ./bpf/...
+	$(GO) tool -modfile=hack/tools/go.mod controller-gen object paths=./api/... crd paths=./api/... output:crd:stdout > deploy/crd.yaml.tmp \
+		&& mv deploy/crd.yaml.tmp deploy/crd.yaml || { rm -f deploy/crd.yaml.tmp; exit 1; }
 
-verify-generate: generate ## fail if regenerating changes the committed bpf/*_bpfel.{go,o} (run in CI)
+verify-generate: generate ## fail if regenerating changes the committed generated files in bpf/, api/ or deploy/ (run in CI)
 	@if ! git diff --exit-code --stat -- $(GENERATED); then \
-		echo 'verify-generate: `make generate` changed committed generated files in bpf/ (listed above).' >&2; \
-		echo 'verify-generate: commit the regenerated files, or check that your clang matches the one CI uses ('"$$(clang --version | head -n1)"' here).' >&2; \
+		echo 'verify-generate: `make generate` changed committed generated files (listed above).' >&2; \
+		echo 'verify-generate: commit the regenerated files; for bpf/, also check that your clang matches the one CI uses ('"$$(clang --version | head -n1)"' here).' >&2; \
 		exit 1; \
 	fi
 	@untracked="$$(git ls-files --others -- $(GENERATED))"; \
@@ -82,9 +85,17 @@ build: ## go build ./... and bin/rlagent (version from git describe)
 	$(GO) build ./...
 	$(GO) build -ldflags '-X main.version=$(VERSION)' -o bin/rlagent ./cmd/rlagent
 
-test: ## go vet and go test ./... (as root the BPF and end-to-end tests run; RLAGENT_REQUIRE_ROOT_TESTS=1 makes skips fail)
+test: ## go vet and go test ./... (as root the BPF and end-to-end tests run; includes test-k8s; RLAGENT_REQUIRE_ROOT_TESTS=1 makes skips fail)
 	$(GO) vet ./...
+	$(GO) run ./internal/k8stest/k8sbin >/dev/null
 	$(GO) test -count=1 $(TESTFLAGS) ./...
+
+# k8sbin builds kube-apiserver and etcd into ~/.cache/rlagent/k8s (or finds them
+# there) first, so that a cold build shows its progress instead of stalling a
+# quiet go test; test/k8s/tools is its own module, so ./test/k8s/... skips it.
+test-k8s: ## only the Kubernetes tests, against a real kube-apiserver and etcd (the first run builds them: ~8 min)
+	$(GO) run ./internal/k8stest/k8sbin >/dev/null
+	$(GO) test -count=1 $(TESTFLAGS) ./internal/k8stest/ ./test/k8s/...
 
 test-fuzz: ## fuzz the bpf/ packet parser (FUZZ, default FuzzParse) for FUZZTIME
 	$(GO) test -run '^$$' -fuzz '$(FUZZ)' -fuzztime $(FUZZTIME) ./bpf/
@@ -97,6 +108,31 @@ demo: ## as root: rate-limit real UDP between two network namespaces while the r
 	$(GO) build -ldflags '-X main.version=$(VERSION)' -o bin/rlagent ./cmd/rlagent
 	$(GO) build -o bin/rlagent-demo ./test/demo
 	./bin/rlagent-demo --rlagent bin/rlagent
+
+# The privileged suites on other kernels, each in a qemu VM in software emulation
+# (test/vmtests). The binaries are static: the VM's initramfs has no libc.
+#: KERNELS="6.1 6.12"  kernel series for `make vmtest`: the oldest supported and the newest available (also: 5.10)
+#: VMTEST_RATE=800     RLAGENT_E2E_GLOBAL_RATE in the VMs (pkt/s, a multiple of 40; 8000 on the host)
+#: VMTEST_TESTFLAGS=-test.v -test.timeout=8m  flags for every suite in the VMs, e.g. add -test.run TestX
+KERNELS ?= 6.1 6.12
+VMTEST_RATE ?= 800
+VMTEST_TESTFLAGS ?= -test.v -test.timeout=8m
+VMTEST_BIN := bin/vmtest
+
+.PHONY: vmtest
+vmtest: ## as root: bpf/, maps/ and test/e2e/ in a VM per kernel of KERNELS (fetches kernels and qemu; ~3-5 min a kernel)
+	@mkdir -p $(VMTEST_BIN)
+	CGO_ENABLED=0 $(GO) test -c -o $(VMTEST_BIN)/bpf.test ./bpf/
+	CGO_ENABLED=0 $(GO) test -c -o $(VMTEST_BIN)/maps.test ./maps/
+	CGO_ENABLED=0 $(GO) test -c -o $(VMTEST_BIN)/e2e.test ./test/e2e/
+	CGO_ENABLED=0 $(GO) build -ldflags '-X main.version=$(VERSION)' -o $(VMTEST_BIN)/rlagent ./cmd/rlagent
+	CGO_ENABLED=0 $(GO) build -o $(VMTEST_BIN)/vminit ./test/vmtests/cmd/vminit
+	$(GO) build -o $(VMTEST_BIN)/vmtest ./test/vmtests/cmd/vmtest
+	$(VMTEST_BIN)/vmtest $(addprefix -kernel ,$(KERNELS)) -init $(VMTEST_BIN)/vminit \
+		-rlagent $(VMTEST_BIN)/rlagent -env RLAGENT_E2E_GLOBAL_RATE=$(VMTEST_RATE) \
+		-suite '$(VMTEST_BIN)/bpf.test $(VMTEST_TESTFLAGS)' \
+		-suite '$(VMTEST_BIN)/maps.test $(VMTEST_TESTFLAGS)' \
+		-suite '$(VMTEST_BIN)/e2e.test $(VMTEST_TESTFLAGS)'
 
 clean: ## remove bin/ and bench.out
 	rm -rf bin/ bench.out
