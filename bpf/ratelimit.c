@@ -312,35 +312,33 @@ static __always_inline void rl_commit(const struct match *m, __u32 len, bool pas
 /* Narrows the candidates to the limits whose source (destination) CIDRs
  * contain the packet's address, for the candidates restricted by them. A
  * missing prefix leaves src/dst zero: the restricted limits drop out. */
+/* The LPM entry of addr in the IPv4 or the IPv6 trie of one side, or an
+ * empty set. */
+static __always_inline struct rl_mask rl_prefix_limits(void *trie4, void *trie6, __u8 family,
+						       const __u32 addr[4])
+{
+	struct rl_mask none = {}, *m;
+
+	if (family == 4) {
+		struct rl_lpm4 k = { .prefixlen = 32, .addr = addr[3] };
+		m = bpf_map_lookup_elem(trie4, &k);
+	} else {
+		struct rl_lpm6 k = { .prefixlen = 128 };
+		__builtin_memcpy(k.addr, addr, sizeof(k.addr));
+		m = bpf_map_lookup_elem(trie6, &k);
+	}
+	return m ? *m : none;
+}
+
 static __always_inline void rl_classify_cidr(const struct pkt *p, const struct rl_config *cfg,
 					     bool need_src, bool need_dst, struct rl_mask *out)
 {
-	struct rl_mask *m, src = {}, dst = {};
+	struct rl_mask src = {}, dst = {};
 
-	if (need_src) {
-		if (p->family == 4) {
-			struct rl_lpm4 k = { .prefixlen = 32, .addr = p->src[3] };
-			m = bpf_map_lookup_elem(&rl_src4, &k);
-		} else {
-			struct rl_lpm6 k = { .prefixlen = 128 };
-			__builtin_memcpy(k.addr, p->src, sizeof(k.addr));
-			m = bpf_map_lookup_elem(&rl_src6, &k);
-		}
-		if (m)
-			src = *m;
-	}
-	if (need_dst) {
-		if (p->family == 4) {
-			struct rl_lpm4 k = { .prefixlen = 32, .addr = p->dst[3] };
-			m = bpf_map_lookup_elem(&rl_dst4, &k);
-		} else {
-			struct rl_lpm6 k = { .prefixlen = 128 };
-			__builtin_memcpy(k.addr, p->dst, sizeof(k.addr));
-			m = bpf_map_lookup_elem(&rl_dst6, &k);
-		}
-		if (m)
-			dst = *m;
-	}
+	if (need_src)
+		src = rl_prefix_limits(&rl_src4, &rl_src6, p->family, p->src);
+	if (need_dst)
+		dst = rl_prefix_limits(&rl_dst4, &rl_dst6, p->family, p->dst);
 
 #pragma unroll
 	for (int w = 0; w < RL_MASK_WORDS; w++) {
