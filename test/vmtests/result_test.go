@@ -1,0 +1,109 @@
+package vmtests
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestReportRoundTrip(t *testing.T) {
+	var r Report
+	lines := []string{
+		"SeaBIOS (version 1.16.2-debian-1.16.2-1)",
+		// SeaBIOS clears the screen before the kernel starts: the escape
+		// sequences end up in front of the first line.
+		"\x1bc\x1b[?7l\x1b[2J" + BootLine("6.1.0-57-cloud-amd64", 2080*time.Millisecond),
+		"=== RUN   TestX",
+		"--- PASS: TestX (0.00s)",
+		SuiteLine("bpf.test", 0, 87500*time.Millisecond),
+		"[   12.3] veth: some kernel message " + SuiteLine("e2e.test", 1, 52*time.Second) + "\r",
+		DoneLine(1),
+	}
+	for _, l := range lines {
+		if _, err := r.Parse(l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := Report{
+		Kernel: "6.1.0-57-cloud-amd64", Boot: 2080 * time.Millisecond, Done: true, Status: 1,
+		Suites: []SuiteResult{{"bpf.test", 0, 87500 * time.Millisecond}, {"e2e.test", 1, 52 * time.Second}},
+	}
+	if r.Kernel != want.Kernel || r.Boot != want.Boot || r.Done != want.Done || r.Status != want.Status || len(r.Suites) != 2 ||
+		r.Suites[0] != want.Suites[0] || r.Suites[1] != want.Suites[1] {
+		t.Errorf("got %+v\nwant %+v", r, want)
+	}
+	if r.Passed() {
+		t.Error("Passed() with a failed suite")
+	}
+}
+
+func TestReportPassed(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		lines []string
+		want  bool
+	}{
+		{"all passed", []string{SuiteLine("a", 0, time.Second), DoneLine(0)}, true},
+		{"no suites, done 0", []string{DoneLine(0)}, true},
+		{"no done line", []string{SuiteLine("a", 0, time.Second)}, false},
+		{"nothing at all", nil, false},
+		{"setup failed", []string{SuiteLine("a", 0, time.Second), DoneLine(1)}, false},
+		{"a suite failed, done 0", []string{SuiteLine("a", 2, time.Second), DoneLine(0)}, false},
+		{"killed by a signal", []string{SuiteLine("a", 137, time.Second), DoneLine(1)}, false},
+	} {
+		var r Report
+		for _, l := range tc.lines {
+			if ok, err := r.Parse(l); !ok || err != nil {
+				t.Fatalf("%s: Parse(%q) = %v, %v", tc.name, l, ok, err)
+			}
+		}
+		if got := r.Passed(); got != tc.want {
+			t.Errorf("%s: Passed() = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestReportParseErrors(t *testing.T) {
+	for _, line := range []string{
+		"@@vmtest ",
+		"@@vmtest reboot now=1",
+		"@@vmtest done",
+		"@@vmtest done status=x",
+		"@@vmtest done status",
+		"@@vmtest suite name=a status=0",
+		"@@vmtest suite name=a status=0 seconds=-1",
+		"@@vmtest boot kernel=6.1",
+	} {
+		var r Report
+		ok, err := r.Parse(line)
+		if !ok || err == nil {
+			t.Errorf("Parse(%q) = %v, %v; want a report line with an error", line, ok, err)
+		}
+		if r.Done {
+			t.Errorf("Parse(%q) marked the report done", line)
+		}
+	}
+	var r Report
+	for _, line := range []string{"", "PASS", "ok  \tgithub.com/x 1.2s", "vmtest done status=0", "@@vmtes done status=0"} {
+		if ok, err := r.Parse(line); ok || err != nil {
+			t.Errorf("Parse(%q) = %v, %v; want not a report line", line, ok, err)
+		}
+	}
+	if !strings.HasPrefix(DoneLine(0), marker) {
+		t.Errorf("DoneLine does not start with the marker")
+	}
+}
+
+func TestCleanConsole(t *testing.T) {
+	for in, want := range map[string]string{
+		"\x1bc\x1b[?7l\x1b[2JSeaBIOS (version 1.16.2)": "SeaBIOS (version 1.16.2)",
+		"PASS\r":                "PASS",
+		"a\x1b[0mb\x1b[1;31mc":  "abc",
+		"plain":                 "plain",
+		"trailing escape \x1b[": "trailing escape ",
+	} {
+		if got := CleanConsole(in); got != want {
+			t.Errorf("CleanConsole(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
