@@ -2,6 +2,7 @@ package watcher
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -14,13 +15,13 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/dynamic/dynamicinformer"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
@@ -49,7 +50,7 @@ type KubernetesConfig struct {
 	ProbeInterval time.Duration
 	// Probe asks the API server whether it is there (default: GET /readyz).
 	Probe func(context.Context) error
-	Log           *slog.Logger
+	Log   *slog.Logger
 }
 
 // Endpoint is a ready endpoint of a Service on this node.
@@ -122,14 +123,13 @@ func NewKubernetes(cfg KubernetesConfig) *Kubernetes {
 		ports:   make(map[string][]EndpointPort),
 	}
 
-	dyn := dynamicinformer.NewDynamicSharedInformerFactory(cfg.Dynamic, cfg.Resync)
-	k.rlInformer = dyn.ForResource(RateLimitResource).Informer()
-	typed := informers.NewSharedInformerFactoryWithOptions(cfg.Client, cfg.Resync)
-	k.sliceInformer = typed.Discovery().V1().EndpointSlices().Informer()
-	pods := informers.NewSharedInformerFactoryWithOptions(cfg.Client, cfg.Resync,
-		informers.WithNamespace(cfg.AgentNamespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = cfg.AgentSelector.String() }))
-	k.podInformer = pods.Core().V1().Pods().Informer()
+	rls := cfg.Dynamic.Resource(RateLimitResource)
+	k.rlInformer = k.informer(&unstructured.Unstructured{}, listOf(rls.List), rls.Watch, nil)
+	eps := cfg.Client.DiscoveryV1().EndpointSlices(metav1.NamespaceAll)
+	k.sliceInformer = k.informer(&discoveryv1.EndpointSlice{}, listOf(eps.List), eps.Watch, nil)
+	pods := cfg.Client.CoreV1().Pods(cfg.AgentNamespace)
+	k.podInformer = k.informer(&corev1.Pod{}, listOf(pods.List), pods.Watch,
+		func(o *metav1.ListOptions) { o.LabelSelector = cfg.AgentSelector.String() })
 
 	enqueue := func(key string) { k.queue.Add(key) }
 	k.rlInformer.AddEventHandler(handler(func(any) { enqueue(keyLimits) }))
@@ -147,6 +147,80 @@ func NewKubernetes(cfg KubernetesConfig) *Kubernetes {
 		})
 	}
 	return k
+}
+
+// informer is a shared informer of one resource whose list and watch
+// calls wait while the probe finds the API server unreachable.
+//
+// Why: client-go's reflector retries a refused watch with an exponential
+// backoff (0.8 s doubling to 30 s, jittered up to twice that) and relists
+// after an expired one with the same backoff, so after an outage of half a
+// minute the informers came back 25-90 s after the API server did (measured
+// in test/k8s), while the observation already looked fresh. Held here
+// instead, the calls fail only until the probe notices the outage (one
+// ProbeInterval), the backoff stays at its first steps, and the informers
+// resume seconds after the API server's return (4-6 s in test/k8s).
+func (k *Kubernetes) informer(obj runtime.Object,
+	list func(context.Context, metav1.ListOptions) (runtime.Object, error),
+	watchFn func(context.Context, metav1.ListOptions) (watch.Interface, error),
+	tweak func(*metav1.ListOptions),
+) cache.SharedIndexInformer {
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			if err := k.waitReachable(ctx); err != nil {
+				return nil, err
+			}
+			if tweak != nil {
+				tweak(&o)
+			}
+			return list(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			if err := k.waitReachable(ctx); err != nil {
+				return nil, err
+			}
+			if tweak != nil {
+				tweak(&o)
+			}
+			return watchFn(ctx, o)
+		},
+	}
+	return cache.NewSharedIndexInformer(lw, obj, k.cfg.Resync, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+}
+
+// listOf adapts a typed List to the informer's.
+func listOf[T runtime.Object](list func(context.Context, metav1.ListOptions) (T, error)) func(context.Context, metav1.ListOptions) (runtime.Object, error) {
+	return func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return list(ctx, o) }
+}
+
+// waitReachable returns when the last probe found the API server answering
+// (or none has run yet), or with ctx's error.
+func (k *Kubernetes) waitReachable(ctx context.Context) error {
+	for {
+		k.mu.Lock()
+		down := notAnswering(k.probeErr)
+		k.mu.Unlock()
+		if !down {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// notAnswering reports whether a probe error means that the API server is
+// not there or not ready (no answer, or a 5xx). An answer that refuses the
+// probe itself (401, 403) shows it is there: holding the informers on it
+// would stop them for good where /readyz is not readable.
+func notAnswering(err error) bool {
+	var st apierrors.APIStatus
+	if errors.As(err, &st) {
+		return st.Status().Code >= 500
+	}
+	return err != nil
 }
 
 const (

@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
@@ -168,6 +169,56 @@ func TestKubernetesKeepsCountsWhenUnreachable(t *testing.T) {
 	}
 	h.probeOK.Store(true)
 	waitFor(t, func() bool { o := h.k.Observe("all"); return o.Err == nil && o.At.After(at) })
+}
+
+// While the probe finds the API server unreachable, the informers' list and
+// watch calls wait for it instead of failing into client-go's growing
+// backoff; they go ahead once a probe gets through. (test/k8s measures what
+// this does to the resumption after a real outage.)
+func TestKubernetesListWatchWaitsForAPIServer(t *testing.T) {
+	h := newHarness(t)
+	if err := h.k.waitReachable(context.Background()); err != nil {
+		t.Fatalf("reachable: waitReachable: %v", err)
+	}
+	h.probeOK.Store(false)
+	waitFor(t, func() bool { return h.k.Observe("any").Err != nil })
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if err := h.k.waitReachable(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("unreachable: waitReachable returned %v, want it to wait until the context ends", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- h.k.waitReachable(context.Background()) }()
+	h.probeOK.Store(true)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("reachable again: waitReachable: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("waitReachable still waits 5 s after the probe got through")
+	}
+}
+
+// Only a probe that gets no answer, or a 5xx, holds the informers: an API
+// server that answers 401 or 403 to /readyz is there.
+func TestNotAnswering(t *testing.T) {
+	gr := schema.GroupResource{}
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{nil, false},
+		{errors.New("dial tcp 127.0.0.1:6443: connect: connection refused"), true},
+		{apierrors.NewInternalError(errors.New("readyz check failed")), true},
+		{apierrors.NewServiceUnavailable("starting"), true},
+		{apierrors.NewForbidden(gr, "", errors.New("no")), false},
+		{apierrors.NewUnauthorized("no"), false},
+	} {
+		if got := notAnswering(tc.err); got != tc.want {
+			t.Errorf("notAnswering(%v) = %v, want %v", tc.err, got, tc.want)
+		}
+	}
 }
 
 func TestKubernetesInvalidSpecReported(t *testing.T) {

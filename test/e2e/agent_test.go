@@ -114,10 +114,10 @@ func TestLimitHoldsAfterSIGKILL(t *testing.T) {
 	s := e.startSender(2*share, true)
 	time.Sleep(settle)
 
-	a.stop(syscall.SIGKILL, 5*time.Second)
+	a.Stop(syscall.SIGKILL, 5*time.Second)
 	killed := time.Now()
-	if ws, ok := a.state.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
-		t.Fatalf("rlagent exited with %v, want killed by SIGKILL", a.state)
+	if ws, ok := a.State().Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+		t.Fatalf("rlagent exited with %v, want killed by SIGKILL", a.State())
 	}
 	e.checkAdmitted("agent killed", s, killed.Add(200*time.Millisecond), window, share, 0.05)
 	if l, _ := e.limit(); l.ShareRate != globalRate/2 || l.Replicas != 2 {
@@ -154,15 +154,15 @@ func TestRestartAdoptsPins(t *testing.T) {
 	time.Sleep(settle + 500*time.Millisecond)
 
 	stopped := time.Now()
-	first.stop(syscall.SIGTERM, 5*time.Second)
-	if !first.state.Success() {
-		t.Errorf("rlagent exited with %v after SIGTERM, want 0", first.state)
+	first.Stop(syscall.SIGTERM, 5*time.Second)
+	if !first.State().Success() {
+		t.Errorf("rlagent exited with %v after SIGTERM, want 0", first.State())
 	}
 	time.Sleep(300 * time.Millisecond) // no agent at all for a while
 	second := e.startAgent()
 	adopted := time.Now()
 	for _, want := range []string{"adopted pinned data path", "adopted pinned XDP link"} {
-		if !strings.Contains(second.log.String(), want) {
+		if !strings.Contains(second.Log(), want) {
 			t.Errorf("the second agent did not log %q", want)
 		}
 	}
@@ -214,11 +214,11 @@ func TestInvalidConfigKeepsLimits(t *testing.T) {
 	// A valid new rate next to an invalid action: none of it may apply.
 	written := time.Now()
 	e.writeConfig(e.configYAML(2*globalRate, "    action: block\n"))
-	if !a.waitLog(3*time.Second, "config rejected") {
+	if !a.WaitLog(3*time.Second, "config rejected") {
 		t.Fatalf("the agent did not reject the invalid config within 3 s")
 	}
 	var line string
-	for l := range strings.SplitSeq(a.log.String(), "\n") {
+	for l := range strings.SplitSeq(a.Log(), "\n") {
 		if strings.Contains(l, "config rejected") {
 			line = l
 		}
@@ -233,7 +233,7 @@ func TestInvalidConfigKeepsLimits(t *testing.T) {
 		t.Errorf("status changed: before share %d global %d replicas %d, after share %d global %d replicas %d",
 			before.ShareRate, before.GlobalRate, before.Replicas, after.ShareRate, after.GlobalRate, after.Replicas)
 	}
-	if !a.running() {
+	if !a.Running() {
 		t.Fatalf("the agent exited after an invalid config")
 	}
 

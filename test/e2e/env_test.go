@@ -1,25 +1,17 @@
 package e2e
 
 import (
-	"bytes"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"math"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
-	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/rlagent/rlagent/agent"
+	"github.com/rlagent/rlagent/internal/agenttest"
 	"github.com/rlagent/rlagent/internal/nettest"
 )
 
@@ -48,12 +40,10 @@ type env struct {
 	pair   *nettest.Pair
 	dir    string
 	pinDir string
-	// preloaded are the files a new bpffs holds before anything is pinned
-	// (maps.debug and progs.debug, with CONFIG_BPF_PRELOAD).
-	preloaded []string
-	config    string
-	count     string
-	recv      *nettest.Receiver
+	pinFS  *agenttest.Pins
+	config string
+	count  string
+	recv   *nettest.Receiver
 }
 
 func newEnv(t testing.TB) *env {
@@ -66,24 +56,7 @@ func newEnv(t testing.TB) *env {
 
 	// A private bpffs that the agent (same mount namespace) and the test
 	// both see. Unmounting it removes whatever pins are left.
-	if err := os.Mkdir(e.pinDir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Mount("bpffs", e.pinDir, "bpf", 0, "mode=0700"); err != nil {
-		t.Fatalf("mount bpffs at %s: %v", e.pinDir, err)
-	}
-	e.preloaded = e.pins()
-	t.Cleanup(func() {
-		if _, err := os.Stat(filepath.Join(e.pinDir, "links")); err == nil {
-			// The test left the data path attached: remove it the user's way.
-			if out, err := exec.Command(rlagentBin, "cleanup", "--pin-dir", e.pinDir).CombinedOutput(); err != nil {
-				t.Errorf("rlagent cleanup: %v\n%s", err, out)
-			}
-		}
-		if err := unix.Unmount(e.pinDir, unix.MNT_DETACH); err != nil {
-			t.Errorf("unmount %s: %v", e.pinDir, err)
-		}
-	})
+	e.pinFS = agenttest.PinDir(t, rlagentBin, e.pinDir)
 
 	// One dual-stack socket receives IPv4 and IPv6.
 	conn, err := e.pair.B.ListenUDP("udp", netip.AddrPortFrom(netip.IPv6Unspecified(), port), 8<<20)
@@ -152,102 +125,13 @@ func (e *env) startSender(rate float64, ipv6 bool) *nettest.Sender {
 	return s
 }
 
-// agentProc is one rlagent run process, started in B.
-type agentProc struct {
-	t      testing.TB
-	cmd    *exec.Cmd
-	log    *syncBuffer
-	exited chan struct{}
-	state  *os.ProcessState
-}
-
 // startAgent runs `rlagent run` in B and waits until it has attached (or
 // adopted) the data path. Cleanup stops it: SIGTERM, then SIGKILL after 5 s.
-func (e *env) startAgent() *agentProc {
+func (e *env) startAgent() *agenttest.Agent {
 	e.t.Helper()
-	a := &agentProc{t: e.t, log: &syncBuffer{}, exited: make(chan struct{})}
-	a.cmd = exec.Command(rlagentBin, "run", "--config", e.config, "--log-level", "debug")
-	a.cmd.Stdout, a.cmd.Stderr = a.log, a.log
-	if err := e.pair.B.Start(a.cmd); err != nil {
-		e.t.Fatal(err)
-	}
-	go func() {
-		a.cmd.Wait()
-		a.state = a.cmd.ProcessState
-		close(a.exited)
-	}()
-	e.t.Cleanup(func() {
-		if a.running() {
-			a.stop(syscall.SIGTERM, 5*time.Second)
-		}
-		if e.t.Failed() {
-			e.t.Logf("rlagent run (pid %d) output:\n%s", a.cmd.Process.Pid, a.log.String())
-		}
-	})
-	if !a.waitLog(10*time.Second, "attached XDP", "adopted pinned XDP link", "native XDP not available") {
-		e.t.Fatalf("rlagent run (pid %d) did not attach within 10 s; output:\n%s", a.cmd.Process.Pid, a.log.String())
-	}
+	a := agenttest.StartAgent(e.t, e.pair.B, rlagentBin, "--config", e.config, "--log-level", "debug")
+	a.WaitAttached(10 * time.Second)
 	return a
-}
-
-func (a *agentProc) running() bool {
-	select {
-	case <-a.exited:
-		return false
-	default:
-		return true
-	}
-}
-
-// stop sends sig to the agent (by its PID) and waits for it to exit, then
-// SIGKILLs it if it is still running after timeout.
-func (a *agentProc) stop(sig syscall.Signal, timeout time.Duration) {
-	a.t.Helper()
-	if err := a.cmd.Process.Signal(sig); err != nil && a.running() {
-		a.t.Errorf("signal %v to rlagent (pid %d): %v", sig, a.cmd.Process.Pid, err)
-	}
-	select {
-	case <-a.exited:
-		return
-	case <-time.After(timeout):
-	}
-	a.t.Errorf("rlagent (pid %d) still runs %s after %v: killing it", a.cmd.Process.Pid, timeout, sig)
-	a.cmd.Process.Kill()
-	<-a.exited
-}
-
-// waitLog waits until the agent's output holds one of the strings.
-func (a *agentProc) waitLog(timeout time.Duration, substrs ...string) bool {
-	deadline := time.Now().Add(timeout)
-	for {
-		out := a.log.String()
-		for _, s := range substrs {
-			if strings.Contains(out, s) {
-				return true
-			}
-		}
-		if time.Now().After(deadline) || !a.running() {
-			return false
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // rlagent runs the binary under test in the host namespace.
@@ -260,21 +144,7 @@ func (e *env) rlagent(args ...string) (string, error) {
 // when it ran (the middle of the command's run).
 func (e *env) status() ([]agent.LimitStatus, time.Time) {
 	e.t.Helper()
-	t0 := time.Now()
-	out, err := exec.Command(rlagentBin, "status", "--pin-dir", e.pinDir, "--output", "json").Output()
-	at := t0.Add(time.Since(t0) / 2)
-	if err != nil {
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			e.t.Fatalf("rlagent status: %v\n%s", err, ee.Stderr)
-		}
-		e.t.Fatalf("rlagent status: %v", err)
-	}
-	var st []agent.LimitStatus
-	if err := json.Unmarshal(out, &st); err != nil {
-		e.t.Fatalf("rlagent status --output json: %v\n%s", err, out)
-	}
-	return st, at
+	return agenttest.Status(e.t, rlagentBin, e.pinDir)
 }
 
 // limit is the status of the test's limit.
@@ -345,20 +215,7 @@ func (e *env) checkUnlimited(what string, s *nettest.Sender, from time.Time, d t
 }
 
 // pins lists the pin directory's entries, less the preloaded ones.
-func (e *env) pins() []string {
-	e.t.Helper()
-	ents, err := os.ReadDir(e.pinDir)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	var names []string
-	for _, d := range ents {
-		if !slices.Contains(e.preloaded, d.Name()) {
-			names = append(names, d.Name())
-		}
-	}
-	return names
-}
+func (e *env) pins() []string { return e.pinFS.List() }
 
 func pct(got, want float64) float64 { return (got - want) / want * 100 }
 

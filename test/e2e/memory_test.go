@@ -41,12 +41,12 @@ func BenchmarkAgentRSS(b *testing.B) {
 		if out, err := e.rlagent("status", "--pin-dir", e.pinDir, "-o", "json"); err != nil || !strings.Contains(out, `"name": "l99"`) {
 			b.Fatalf("status does not show the 100 limits: %v\n%.500s", err, out)
 		}
-		rss, err := vmRSS(a.cmd.Process.Pid)
+		rss, err := vmRSS(a.PID())
 		if err != nil {
 			b.Fatal(err)
 		}
 		b.ReportMetric(float64(rss)/(1<<20), "MiB-rss")
-		a.stop(syscall.SIGTERM, 5*time.Second)
+		a.Stop(syscall.SIGTERM, 5*time.Second)
 	}
 }
 

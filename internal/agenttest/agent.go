@@ -1,0 +1,143 @@
+package agenttest
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rlagent/rlagent/internal/nettest"
+)
+
+// attachedLines are the log lines of `rlagent run` that say the data path is
+// attached (or adopted from the pins).
+var attachedLines = []string{"attached XDP", "adopted pinned XDP link", "native XDP not available"}
+
+// Agent is one `rlagent run` process that the test started.
+type Agent struct {
+	tb     testing.TB
+	cmd    *exec.Cmd
+	out    syncBuffer
+	exited chan struct{}
+	state  *os.ProcessState
+}
+
+// StartAgent starts `bin run args...` in ns (through the test binary as a
+// launcher: the test's TestMain must call nettest.MaybeExec first) and
+// returns without waiting; WaitAttached waits. tb's Cleanup stops the
+// process, by its PID: SIGTERM, then SIGKILL after 5 s; if tb failed, it
+// prints the agent's output.
+func StartAgent(tb testing.TB, ns *nettest.NS, bin string, args ...string) *Agent {
+	tb.Helper()
+	a := &Agent{tb: tb, exited: make(chan struct{})}
+	a.cmd = exec.Command(bin, append([]string{"run"}, args...)...)
+	a.cmd.Stdout, a.cmd.Stderr = &a.out, &a.out
+	if err := ns.Start(a.cmd); err != nil {
+		tb.Fatal(err)
+	}
+	go func() {
+		a.cmd.Wait()
+		a.state = a.cmd.ProcessState
+		close(a.exited)
+	}()
+	tb.Cleanup(func() {
+		if a.Running() {
+			a.Stop(syscall.SIGTERM, 5*time.Second)
+		}
+		if tb.Failed() {
+			tb.Logf("rlagent run %s (pid %d) output:\n%s", strings.Join(args, " "), a.PID(), a.Log())
+		}
+	})
+	return a
+}
+
+// WaitAttached waits until the agent logs that it attached (or adopted) the
+// data path, and fails tb if it does not within timeout or exits first.
+func (a *Agent) WaitAttached(timeout time.Duration) {
+	a.tb.Helper()
+	if !a.WaitLog(timeout, attachedLines...) {
+		a.tb.Fatalf("rlagent run (pid %d) did not attach within %v; output:\n%s", a.PID(), timeout, a.Log())
+	}
+}
+
+// PID is the agent's process ID.
+func (a *Agent) PID() int { return a.cmd.Process.Pid }
+
+// Log is everything the agent wrote so far (stdout and stderr).
+func (a *Agent) Log() string { return a.out.String() }
+
+// State is the exit state, once the agent has exited (nil before).
+func (a *Agent) State() *os.ProcessState {
+	select {
+	case <-a.exited:
+		return a.state
+	default:
+		return nil
+	}
+}
+
+// Running reports whether the agent has not exited yet.
+func (a *Agent) Running() bool {
+	select {
+	case <-a.exited:
+		return false
+	default:
+		return true
+	}
+}
+
+// Stop sends sig to the agent (by its PID) and waits for it to exit; if it
+// still runs after timeout, it fails the test and SIGKILLs it.
+func (a *Agent) Stop(sig syscall.Signal, timeout time.Duration) {
+	a.tb.Helper()
+	if err := a.cmd.Process.Signal(sig); err != nil && a.Running() {
+		a.tb.Errorf("signal %v to rlagent (pid %d): %v", sig, a.PID(), err)
+	}
+	select {
+	case <-a.exited:
+		return
+	case <-time.After(timeout):
+	}
+	a.tb.Errorf("rlagent (pid %d) still runs %s after %v: killing it", a.PID(), timeout, sig)
+	a.cmd.Process.Kill()
+	<-a.exited
+}
+
+// WaitLog waits until the agent's output holds one of substrs. It gives up
+// after timeout, or when the agent exits.
+func (a *Agent) WaitLog(timeout time.Duration, substrs ...string) bool {
+	deadline := time.Now().Add(timeout)
+	for {
+		out := a.Log()
+		for _, s := range substrs {
+			if strings.Contains(out, s) {
+				return true
+			}
+		}
+		if time.Now().After(deadline) || !a.Running() {
+			return false
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
