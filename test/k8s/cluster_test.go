@@ -194,7 +194,7 @@ func notReadyAddr(i int) netip.Addr { return netip.AddrFrom4([4]byte{10, 244, by
 // one API server. ns is the test's namespace: its Service, its
 // EndpointSlices and the agents' pods live there.
 type cluster struct {
-	t     *testing.T
+	t     testing.TB
 	env   *k8stest.Env
 	ns    string
 	nodes []*node
@@ -204,7 +204,7 @@ type cluster struct {
 
 // startCluster starts n nodes, each with an agent of the binary under test,
 // and waits until every agent has attached. Cleanup stops them all.
-func startCluster(t *testing.T, env *k8stest.Env, ns string, n int) *cluster {
+func startCluster(t testing.TB, env *k8stest.Env, ns string, n int) *cluster {
 	t.Helper()
 	c := &cluster{t: t, env: env, ns: ns, slices: make(map[string]*discoveryv1.EndpointSlice)}
 	apiAddr := apiServerAddr(t, env)
