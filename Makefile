@@ -119,8 +119,16 @@ VMTEST_RATE ?= 800
 VMTEST_TESTFLAGS ?= -test.v -test.timeout=8m
 VMTEST_BIN := bin/vmtest
 
-.PHONY: vmtest
-vmtest: ## as root: bpf/, maps/ and test/e2e/ in a VM per kernel of KERNELS (fetches kernels and qemu; ~3 min a kernel)
+.PHONY: vmtest deps-vm
+deps-vm: ## install xz-utils (to read the 6.12 kernel's compressed modules) with apt-get if missing (root only)
+	@command -v xz >/dev/null && exit 0; \
+	if [ "$$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then \
+		echo 'deps-vm: xz is missing: install the package xz-utils, or run make as root on Debian to install it.' >&2; \
+		exit 1; \
+	fi; \
+	apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends xz-utils
+
+vmtest: deps-vm ## as root: bpf/, maps/ and test/e2e/ in a VM per kernel of KERNELS (fetches kernels and qemu; ~3 min a kernel)
 	@mkdir -p $(VMTEST_BIN)
 	CGO_ENABLED=0 $(GO) test -c -o $(VMTEST_BIN)/bpf.test ./bpf/
 	CGO_ENABLED=0 $(GO) test -c -o $(VMTEST_BIN)/maps.test ./maps/
