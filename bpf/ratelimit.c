@@ -472,6 +472,33 @@ slow:
 	return m.state != MATCH_REJECT;
 }
 
+/* Walks a candidate set, lowest id first. RL_MASK_WORDS is 2: the walk
+ * moves to the second word once, when the first is spent. */
+struct rl_walk {
+	__u64 bits;
+	__u32 w;
+};
+
+static __always_inline struct rl_walk rl_walk_start(const struct rl_mask *cand)
+{
+	struct rl_walk it = { .bits = cand->w[0] };
+
+	return it;
+}
+
+static __always_inline bool rl_walk_next(struct rl_walk *it, const struct rl_mask *cand, __u32 *id)
+{
+	if (!it->bits) {
+		if (it->w || !cand->w[1])
+			return false;
+		it->w = 1;
+		it->bits = cand->w[1];
+	}
+	*id = it->w * 64 + rl_ctz64(it->bits);
+	it->bits &= it->bits - 1;
+	return true;
+}
+
 /* The common case of several candidates, inlined: every one is a key-less
  * limit whose CPU cache holds the packet's cost. Then the packet passes and
  * each draws its cost. Returns false, having drawn nothing, if any candidate
@@ -479,24 +506,17 @@ slow:
  * rl_enforce then goes the general way. */
 static __always_inline bool rl_enforce_fast(const struct pkt *p, const struct rl_mask *cand)
 {
-	__u64 bits = cand->w[0];
-	__u32 w = 0;
+	struct rl_walk it = rl_walk_start(cand);
+	__u32 id;
 
 	for (int i = 0; i < RL_MAX_MATCH + 1; i++) {
 		struct rl_limit_cpu *lc;
 		struct rl_limit *lim;
-		__u32 id;
 
-		if (!bits) {
-			if (w || !cand->w[1])
-				break;
-			w = 1;
-			bits = cand->w[1];
-		}
+		if (!rl_walk_next(&it, cand, &id))
+			break;
 		if (i == RL_MAX_MATCH)
 			return false;	/* overflow: counted on the general way */
-		id = w * 64 + rl_ctz64(bits);
-		bits &= bits - 1;
 		lc = bpf_map_lookup_elem(&rl_percpu, &id);
 		lim = bpf_map_lookup_elem(&rl_limits, &id);
 		if (!lim || !lc || !lim->gen || lim->key_kind != RL_KEY_NONE ||
@@ -505,21 +525,13 @@ static __always_inline bool rl_enforce_fast(const struct pkt *p, const struct rl
 			return false;
 	}
 
-	bits = cand->w[0];
-	w = 0;
+	it = rl_walk_start(cand);
 	for (int i = 0; i < RL_MAX_MATCH; i++) {
 		struct rl_limit_cpu *lc;
 		struct rl_limit *lim;
-		__u32 id;
 
-		if (!bits) {
-			if (w || !cand->w[1])
-				break;
-			w = 1;
-			bits = cand->w[1];
-		}
-		id = w * 64 + rl_ctz64(bits);
-		bits &= bits - 1;
+		if (!rl_walk_next(&it, cand, &id))
+			break;
 		lc = bpf_map_lookup_elem(&rl_percpu, &id);
 		lim = bpf_map_lookup_elem(&rl_limits, &id);
 		if (!lim || !lc)
@@ -536,8 +548,9 @@ static __always_inline bool rl_enforce(const struct pkt *p, __u32 dir)
 {
 	struct match ms[RL_MAX_MATCH];
 	struct rl_mask cand;
-	__u32 n = 0, w = 0;
-	__u64 now = 0, bits;
+	struct rl_walk it;
+	__u32 n = 0, extra;
+	__u64 now = 0;
 	bool pass = true;
 
 	if (!rl_classify(p, dir, &cand))
@@ -552,22 +565,16 @@ static __always_inline bool rl_enforce(const struct pkt *p, __u32 dir)
 		return true;
 
 	/* Check every candidate without drawing, then commit: all or nothing. */
-	bits = cand.w[0];
+	it = rl_walk_start(&cand);
 	for (int i = 0; i < RL_MAX_MATCH; i++) {
-		while (!bits && w < RL_MASK_WORDS - 1) {
-			w++;
-			bits = cand.w[w & (RL_MASK_WORDS - 1)];
-		}
-		if (!bits)
+		if (!rl_walk_next(&it, &cand, &ms[i].id))
 			break;
-		ms[i].id = w * 64 + rl_ctz64(bits);
-		bits &= bits - 1;
 		ms[i].state = rl_check(p, &ms[i], &now);
 		if (ms[i].state == MATCH_REJECT)
 			pass = false;
 		n = i + 1;
 	}
-	if (bits || (w < RL_MASK_WORDS - 1 && cand.w[(RL_MASK_WORDS - 1) & (w + 1)]))
+	if (n == RL_MAX_MATCH && rl_walk_next(&it, &cand, &extra))
 		rl_global_count(0);
 
 	for (int i = 0; i < RL_MAX_MATCH; i++) {
