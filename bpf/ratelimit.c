@@ -6,12 +6,22 @@
  * global limit.
  *
  * NOTE: semantics.
- * - A packet that does not parse, or matches no limit, passes untouched.
- * - A packet matching several limits (at most RL_MAX_MATCH are enforced; more
- *   are counted in match_overflow) is admitted only if every matching limit
- *   with action drop admits it. A rejected packet draws tokens from none of
- *   them. A limit with action shadow never rejects: when its bucket is empty
- *   the packet is counted as shadow-dropped and draws nothing from it.
+ * - One decision function (rl_decide) for every program: parse, protect,
+ *   classify -> check every matching limit without drawing -> commit all or
+ *   none. The fast paths (one limit; several key-less limits holding tokens)
+ *   are inline specialisations built from the same helpers.
+ * - A packet that is not IP passes untouched; so does a packet a protect rule
+ *   names (rl_protected), before any limit is looked at. An IP packet whose
+ *   transport header cannot be found is L4-unknown (parse.h): it is charged
+ *   to every limit whose match could include it. Every fragment is charged
+ *   to the limits its datagram matches (frag.h).
+ * - A packet matching several limits is admitted only if every matching
+ *   limit with action drop admits it. A rejected packet draws tokens from
+ *   none of them. A limit with action shadow never rejects: when its bucket
+ *   is empty the packet is counted as shadow-dropped and draws nothing.
+ *   At most RL_MAX_MATCH limits are checked on one packet; a packet that
+ *   matches more is counted in match_overflow and, if one of the limits it
+ *   was not checked against has action drop, dropped (fail_closed).
  * - An over-limit packet costs the clock read and, at most once per chunk of
  *   refill per CPU, one look at the shared pool (see bucket.h).
  * - A key seen for the first time gets a full bucket (burst). A key whose
@@ -28,6 +38,7 @@
 #include "include/common.h"
 #include "include/parse.h"
 #include "include/maps.h"
+#include "include/frag.h"
 #include "include/clock.h"
 #include "include/bucket.h"
 
@@ -45,6 +56,7 @@ const enum rl_proto_class *_rl_proto_class __attribute__((unused));
 const enum rl_direction *_rl_direction __attribute__((unused));
 const enum rl_clock_kind *_rl_clock_kind __attribute__((unused));
 const struct rl_global_stats *_rl_global_stats __attribute__((unused));
+const enum rl_meta_state *_rl_meta_state __attribute__((unused));
 
 enum {
 	MATCH_ADMIT = 0,	/* has the tokens; draws them if the packet passes */
@@ -53,29 +65,118 @@ enum {
 	MATCH_FAIL_OPEN = 3,	/* no room for a bucket: passes, draws nothing */
 };
 
+/* One limit's decision for one packet. */
 struct match {
-	__u32 id;
-	__u32 slot;		/* rl_key_cache set x RL_KEY_CACHE_WAYS + way, or RL_NO_SLOT */
+	__u32 slot;	/* rl_key_cache set x RL_KEY_CACHE_WAYS + way, or RL_NO_SLOT */
 	__u32 cost;
-	__u32 state;
+	__u8 id;
+	__u8 state;
+	__u8 direct;	/* drawn from the pool at check time: no cache way was free */
+	__u8 pad;
 };
 
-/* The hash of a keyed bucket: picks its cache set, its tombstone and the
- * tombstone's fingerprint. One multiply on the packet's path: the address
- * words are folded into 64 bits and multiplied by an odd constant, whose
- * high bits depend on every bit of the product, then folded down; the limit
- * and generation, mixed in first, put the same address's buckets of
- * different limits in different sets. Not keyed: a sender who picks
- * addresses that share a set makes them take each other's ways (each taker
- * pays a pool lookup), which costs time, not accuracy. */
-static __always_inline __u64 rl_hash(__u32 id, __u32 gen, const __u32 a[4])
-{
-	__u64 x = (((__u64)(a[0] ^ a[2]) << 32) | (a[1] ^ a[3])) ^
-		  ((((__u64)id << 32) | gen) * 0x9E3779B97F4A7C15ULL);
-	__u64 h = x * 0xFF51AFD7ED558CCDULL;
+_Static_assert(RL_MAX_LIMITS <= 256, "struct match holds a limit id in a byte");
 
-	return h ^ (h >> 32);
+/* A packet's decisions, checked first and committed together. */
+struct rl_decision {
+	struct match m[RL_MAX_MATCH];
+	__u64 now;	/* the clock, read at most once (rl_now); 0: not yet */
+};
+
+/* Counters of rl_global_stats, by field. */
+enum rl_global_field {
+	G_MATCH_OVERFLOW,
+	G_LEASE_CONTENDED,
+	G_POOL_FULL,
+	G_L4_UNKNOWN,
+	G_FAIL_CLOSED,
+	G_PROTECTED,
+	G_FRAG_FIRST,
+	G_FRAG_UNSEEN,
+	G_CACHE_BYPASS,
+};
+
+static __always_inline void rl_global_count(enum rl_global_field f)
+{
+	__u32 zero = 0;
+	struct rl_global_stats *g = bpf_map_lookup_elem(&rl_global, &zero);
+
+	if (!g)
+		return;
+	switch (f) {
+	case G_MATCH_OVERFLOW: g->match_overflow++; break;
+	case G_LEASE_CONTENDED: g->lease_contended++; break;
+	case G_POOL_FULL: g->pool_full++; break;
+	case G_L4_UNKNOWN: g->l4_unknown++; break;
+	case G_FAIL_CLOSED: g->fail_closed++; break;
+	case G_PROTECTED: g->protected_packets++; break;
+	case G_FRAG_FIRST: g->frag_first++; break;
+	case G_FRAG_UNSEEN: g->frag_unseen++; break;
+	case G_CACHE_BYPASS: g->cache_bypass++; break;
+	}
 }
+
+/* The helpers every path of the decision is built from. */
+
+/* The limit behind a classifier bit, with this CPU's state of it; NULL for
+ * a stale bit (a limit deleted since the classifier was read). */
+static __always_inline struct rl_limit *rl_limit_of(__u32 id, struct rl_limit_cpu **lc)
+{
+	struct rl_limit *lim = bpf_map_lookup_elem(&rl_limits, &id);
+
+	*lc = bpf_map_lookup_elem(&rl_percpu, &id);
+	if (!lim || !*lc || !lim->gen)
+		return NULL;
+	return lim;
+}
+
+/* What a packet costs a limit, in its units. */
+static __always_inline __u32 rl_cost(const struct rl_limit *lim, const struct pkt *p)
+{
+	return lim->unit == RL_UNIT_BYTES ? p->len : 1;
+}
+
+/* What an empty bucket means for the packet. */
+static __always_inline int rl_over(const struct rl_limit *lim)
+{
+	return lim->action == RL_ACTION_SHADOW ? MATCH_SHADOW : MATCH_REJECT;
+}
+
+static __always_inline void rl_count(struct rl_stats *st, int state, __u32 len)
+{
+	switch (state) {
+	case MATCH_ADMIT:
+		st->admitted_packets++;
+		st->admitted_bytes += len;
+		break;
+	case MATCH_REJECT:
+		st->dropped_packets++;
+		st->dropped_bytes += len;
+		break;
+	case MATCH_SHADOW:
+		st->shadow_packets++;
+		st->shadow_bytes += len;
+		break;
+	}
+}
+
+/* The hash of a keyed bucket: picks its cache set (the top bits), its
+ * tombstone and the tombstone's fingerprint. Multiply-shift with a random
+ * multiplier per address half (rl_config.seed, kept with the pins): the top
+ * bits of a product depend on every bit below them through the carries, so
+ * a sender who does not know the seed cannot pick addresses that share a
+ * set. The limit and generation are mixed in so that one address's buckets
+ * of different limits fall in different sets. */
+static __always_inline __u64 rl_hash(const __u64 seed[2], __u32 id, __u32 gen, const __u32 a[4])
+{
+	__u64 hi = ((__u64)a[0] << 32) | a[1];
+	__u64 lo = (((__u64)a[2] << 32) | a[3]) ^ (((__u64)id << 32) | gen);
+
+	return hi * (seed[0] | 1) + lo * (seed[1] | 1) + (seed[0] >> 1);
+}
+
+#define RL_SET_SHIFT (64 - 12)
+_Static_assert(RL_KEY_CACHE_SETS == 1 << 12, "RL_SET_SHIFT takes 12 bits for the set");
 
 static __always_inline void rl_bucket_key(const struct rl_limit *lim, const struct pkt *p,
 					  struct rl_bucket_key *k)
@@ -113,6 +214,62 @@ static __always_inline bool rl_key_equal(const struct rl_bucket_key *a,
 		 (a->addr[2] ^ b->addr[2]) | (a->addr[3] ^ b->addr[3]));
 }
 
+/* Where a keyed limit's bucket for a packet sits in this CPU's cache. */
+struct rl_key_ref {
+	struct rl_bucket_key k;
+	struct rl_key_set *set;
+	__u64 h;
+	__u32 si;	/* the set */
+	__u32 way;	/* the way holding k, or RL_KEY_CACHE_WAYS */
+};
+
+_Static_assert(RL_KEY_CACHE_WAYS == 2, "rl_key_find and rl_key_victim handle two ways");
+
+static __always_inline bool rl_key_find(const struct rl_limit *lim, __u32 id, const struct pkt *p,
+					const __u64 seed[2], struct rl_key_ref *r)
+{
+	r->k.limit = id;
+	r->k.gen = lim->gen;
+	rl_bucket_key(lim, p, &r->k);
+	r->h = rl_hash(seed, id, lim->gen, r->k.addr);
+	r->si = r->h >> RL_SET_SHIFT;
+	r->set = bpf_map_lookup_elem(&rl_key_cache, &r->si);
+	if (!r->set)
+		return false;
+	if (rl_key_equal(&r->set->way[0].key, &r->k))
+		r->way = 0;
+	else if (rl_key_equal(&r->set->way[1].key, &r->k))
+		r->way = 1;
+	else
+		r->way = RL_KEY_CACHE_WAYS;
+	return true;
+}
+
+/* The way a bucket that is not cached takes in set si: the least recently
+ * used one, unless an earlier limit of this packet (m[0..i-1]) holds it,
+ * whose tokens must stay where its check found them until the commit.
+ * RL_KEY_CACHE_WAYS if this packet holds both. */
+static __always_inline __u32 rl_key_victim(const struct rl_key_set *set,
+					   const struct rl_decision *d, __u32 i, __u32 si)
+{
+	__u32 lru = (set->mru & 1) ^ 1;
+	bool lru_held = false, other_held = false;
+
+	for (int j = 0; j < RL_MAX_MATCH; j++) {
+		if (j >= i)
+			break;
+		if (d->m[j].slot == si * RL_KEY_CACHE_WAYS + lru)
+			lru_held = true;
+		else if (d->m[j].slot == si * RL_KEY_CACHE_WAYS + (lru ^ 1))
+			other_held = true;
+	}
+	if (!lru_held)
+		return lru;
+	if (!other_held)
+		return lru ^ 1;
+	return RL_KEY_CACHE_WAYS;
+}
+
 /* Finds or creates the shared pool of a keyed bucket. A new pool cancels
  * the cache's wait for the old one (retry_ns), which an eviction took away.
  * A new pool for a key this CPU's cache still holds (cached), or whose
@@ -132,8 +289,8 @@ static __always_inline struct rl_pool *rl_bucket_pool(const struct rl_bucket_key
 	/* v_empty 0 is far below V: the new bucket starts full. */
 	if (bpf_map_update_elem(&rl_buckets, k, &fresh, BPF_NOEXIST) == 0) {
 		c->retry_ns = 0;
-		tidx = (h >> 40) & rl_tombstone_mask;
-		fp = (__u32)h | 1;
+		tidx = (h >> 20) & rl_tombstone_mask;
+		fp = (__u32)(h >> 8) | 1;
 		tomb = bpf_map_lookup_elem(&rl_tombstones, &tidx);
 		if (cached || (tomb && *tomb == fp)) {
 			st->returned_keys++;
@@ -146,83 +303,101 @@ static __always_inline struct rl_pool *rl_bucket_pool(const struct rl_bucket_key
 	return bpf_map_lookup_elem(&rl_buckets, k);
 }
 
-static __always_inline void rl_global_count(int field)
+/* Leases for cache c from pool: MATCH_ADMIT once c holds cost tokens, or
+ * the limit's over-limit state. */
+static __always_inline int rl_take(struct rl_pool *pool, struct rl_cache *c,
+				   const struct rl_limit *lim, const struct rl_params *params,
+				   __u32 cost, __u64 *now)
 {
-	__u32 zero = 0;
-	struct rl_global_stats *g = bpf_map_lookup_elem(&rl_global, &zero);
-
-	if (!g)
-		return;
-	if (field == 0)
-		g->match_overflow++;
-	else if (field == 1)
-		g->lease_contended++;
-	else
-		g->pool_full++;
+	switch (rl_lease(pool, c, params, lim->seq, cost, rl_now(now))) {
+	case RL_LEASE_OK:
+		return MATCH_ADMIT;
+	case RL_LEASE_CONTENDED:
+		rl_global_count(G_LEASE_CONTENDED);
+		break;
+	default:
+		break;
+	}
+	return rl_over(lim);
 }
 
-/* Finds a keyed bucket's way in this CPU's cache set. Returns the way
- * holding key k, or RL_KEY_CACHE_WAYS if none does. */
-static __always_inline __u32 rl_key_way(const struct rl_key_set *set, const struct rl_bucket_key *k)
+/* A keyed bucket whose set this packet already holds both ways of: its cost
+ * is drawn from the pool now, through a cache of the packet's own that
+ * leases exactly the cost, and given back if another limit rejects the
+ * packet (rl_refund). Costs a pool lookup and a compare-and-swap per packet:
+ * only three or more keyed limits whose buckets share a set get here. */
+static __always_inline int rl_check_direct(const struct pkt *p, struct match *m,
+					   const struct rl_limit *lim, struct rl_limit_cpu *lc,
+					   const struct rl_key_ref *r, __u64 *now)
 {
-	if (rl_key_equal(&set->way[0].key, k))
-		return 0;
-	if (rl_key_equal(&set->way[1].key, k))
-		return 1;
-	return RL_KEY_CACHE_WAYS;
+	struct rl_params params = lim->params[lim->active & 1];
+	struct rl_cache tmp = { .gen = lim->gen };
+	struct rl_pool *pool;
+	int state;
+
+	rl_global_count(G_CACHE_BYPASS);
+	pool = rl_bucket_pool(&r->k, r->h, &lc->stats, &tmp, false);
+	if (!pool) {
+		rl_global_count(G_POOL_FULL);
+		return MATCH_FAIL_OPEN;
+	}
+	params.chunk = 0;	/* lease the cost and no more */
+	state = rl_take(pool, &tmp, lim, &params, m->cost, now);
+	if (state == MATCH_ADMIT)
+		m->direct = 1;
+	return state;
 }
 
-_Static_assert(RL_KEY_CACHE_WAYS == 2, "rl_key_way compares two ways");
-
-/* Decides one limit for one packet without drawing: makes sure this CPU's
- * cache holds the packet's cost, leasing if needed.
+/* Decides limit m[i] of a packet without drawing from this CPU's cache:
+ * makes sure the cache holds the packet's cost, leasing if needed.
  *
  * A global (not static) function: the verifier checks it once, on its own,
  * instead of once per matching limit at every call site, which took the
  * unrolled caller past the 1M-instruction limit. */
-__noinline int rl_check(const struct pkt *p, struct match *m, __u64 *now)
+__noinline int rl_check(const struct pkt *p, struct rl_decision *d, __u32 i)
 {
 	const struct rl_params *params;
 	struct rl_limit_cpu *lc;
 	struct rl_pool *pool = NULL;
 	struct rl_limit *lim;
 	struct rl_cache *c;
-	__u64 h = 0;
+	struct match *m;
 	__u32 id;
 
-	if (!p || !m || !now)
+	if (!p || !d || i >= RL_MAX_MATCH)
 		return MATCH_FAIL_OPEN;
+	m = &d->m[i];
 	id = m->id;
-	lim = bpf_map_lookup_elem(&rl_limits, &id);
-	lc = bpf_map_lookup_elem(&rl_percpu, &id);
-	if (!lim || !lc || !lim->gen)
-		return MATCH_FAIL_OPEN;	/* stale classifier bit: not a limit */
-	m->cost = lim->unit == RL_UNIT_BYTES ? p->len : 1;
 	m->slot = RL_NO_SLOT;
+	m->direct = 0;
+	lim = rl_limit_of(id, &lc);
+	if (!lim)
+		return MATCH_FAIL_OPEN;	/* stale classifier bit: not a limit */
+	m->cost = rl_cost(lim, p);
 
 	if (lim->key_kind == RL_KEY_NONE) {
 		c = &lc->cache;
 	} else {
-		struct rl_bucket_key k = { .limit = id, .gen = lim->gen };
-		struct rl_key_set *set;
+		struct rl_key_ref r = {};
+		struct rl_config *cfg;
 		struct rl_key_slot *s;
-		__u32 si, w;
+		__u32 zero = 0, w;
 		bool cached;
 
-		rl_bucket_key(lim, p, &k);
-		h = rl_hash(id, lim->gen, k.addr);
-		si = h & (RL_KEY_CACHE_SETS - 1);
-		set = bpf_map_lookup_elem(&rl_key_cache, &si);
-		if (!set)
+		cfg = bpf_map_lookup_elem(&rl_cfg, &zero);
+		if (!cfg || !rl_key_find(lim, id, p, cfg->seed, &r))
 			return MATCH_FAIL_OPEN;
-		w = rl_key_way(set, &k);
+		w = r.way;
 		cached = w < RL_KEY_CACHE_WAYS;
-		if (!cached)
-			w = !set->mru;	/* the least recently used way */
+		if (!cached) {
+			w = rl_key_victim(r.set, d, i, r.si);
+			if (w >= RL_KEY_CACHE_WAYS)
+				return rl_check_direct(p, m, lim, lc, &r, &d->now);
+		}
 		w &= RL_KEY_CACHE_WAYS - 1;
-		set->mru = w;
-		s = &set->way[w];
-		m->slot = si * RL_KEY_CACHE_WAYS + w;
+		r.set->mru = w;
+		s = &r.set->way[w];
+		m->slot = r.si * RL_KEY_CACHE_WAYS + w;
 		c = &s->cache;
 		if (!cached) {
 			/* Another bucket's way: hand its tokens back and take it. */
@@ -232,16 +407,16 @@ __noinline int rl_check(const struct pkt *p, struct match *m, __u64 *now)
 				if (old)
 					rl_give_back(old, c->tokens);
 			}
-			s->key = k;
+			s->key = r.k;
 			c->tokens = 0;
 			c->retry_ns = 0;
 			c->gen = lim->gen;
 		}
 		if (c->tokens >= m->cost)
 			return MATCH_ADMIT;
-		pool = rl_bucket_pool(&k, h, &lc->stats, c, cached);
+		pool = rl_bucket_pool(&r.k, r.h, &lc->stats, c, cached);
 		if (!pool) {
-			rl_global_count(2);
+			rl_global_count(G_POOL_FULL);
 			return MATCH_FAIL_OPEN;
 		}
 	}
@@ -261,31 +436,49 @@ __noinline int rl_check(const struct pkt *p, struct match *m, __u64 *now)
 			return MATCH_FAIL_OPEN;
 	}
 	params = &lim->params[lim->active & 1];
-	switch (rl_lease(pool, c, params, lim->seq, m->cost, rl_now(now))) {
-	case RL_LEASE_OK:
-		return MATCH_ADMIT;
-	case RL_LEASE_CONTENDED:
-		rl_global_count(1);
-		break;
-	default:
-		break;
-	}
-	return lim->action == RL_ACTION_SHADOW ? MATCH_SHADOW : MATCH_REJECT;
+	return rl_take(pool, c, lim, params, m->cost, &d->now);
 }
 
-/* Draws the tokens of an admitted packet and counts it. */
-static __always_inline void rl_commit(const struct match *m, __u32 len, bool pass)
+/* Gives a direct draw (rl_check_direct) back to its pool: the packet was
+ * rejected by another limit. Best effort, as rl_give_back. */
+__noinline int rl_refund(const struct pkt *p, __u32 id, __u32 cost)
+{
+	struct rl_bucket_key k = {};
+	struct rl_pool *pool;
+	struct rl_limit *lim;
+
+	if (!p)
+		return 0;
+	lim = bpf_map_lookup_elem(&rl_limits, &id);
+	if (!lim)
+		return 0;
+	k.limit = id;
+	k.gen = lim->gen;
+	rl_bucket_key(lim, p, &k);
+	pool = bpf_map_lookup_elem(&rl_buckets, &k);
+	if (pool)
+		rl_give_back(pool, cost);
+	return 0;
+}
+
+/* Draws the tokens of an admitted packet and counts every decision. */
+static __always_inline void rl_commit(const struct pkt *p, const struct match *m, bool pass)
 {
 	__u32 id = m->id;
 	struct rl_limit_cpu *lc = bpf_map_lookup_elem(&rl_percpu, &id);
 
 	if (!lc)
 		return;
-	switch (m->state) {
-	case MATCH_ADMIT:
-		if (!pass)
-			return;	/* dropped by another limit: draws nothing */
-		if (m->slot == RL_NO_SLOT) {
+	if (m->state == MATCH_ADMIT) {
+		if (!pass) {
+			/* Dropped by another limit: draws nothing. */
+			if (m->direct)
+				rl_refund(p, id, m->cost);
+			return;
+		}
+		if (m->direct) {
+			/* drawn at check time */
+		} else if (m->slot == RL_NO_SLOT) {
 			lc->cache.tokens -= m->cost;
 		} else {
 			__u32 si = m->slot / RL_KEY_CACHE_WAYS;
@@ -295,23 +488,51 @@ static __always_inline void rl_commit(const struct match *m, __u32 len, bool pas
 				return;
 			set->way[m->slot & (RL_KEY_CACHE_WAYS - 1)].cache.tokens -= m->cost;
 		}
-		lc->stats.admitted_packets++;
-		lc->stats.admitted_bytes += len;
-		break;
-	case MATCH_REJECT:
-		lc->stats.dropped_packets++;
-		lc->stats.dropped_bytes += len;
-		break;
-	case MATCH_SHADOW:
-		lc->stats.shadow_packets++;
-		lc->stats.shadow_bytes += len;
-		break;
 	}
+	rl_count(&lc->stats, m->state, p->len);
 }
 
-/* Narrows the candidates to the limits whose source (destination) CIDRs
- * contain the packet's address, for the candidates restricted by them. A
- * missing prefix leaves src/dst zero: the restricted limits drop out. */
+/* Protect rules: does one name this packet? Its peer is the source on
+ * ingress and the destination on egress; its local port the destination
+ * port on ingress, the source port on egress. A rule names no port
+ * (protect_portless: any packet of its peers) or local or remote TCP/UDP
+ * ports (rl_protect_ports), and may be restricted to peer prefixes
+ * (protect_peers, rl_protect4/6). */
+static __always_inline bool rl_protected(const struct pkt *p, const struct rl_config *cfg, __u32 dir)
+{
+	__u32 rules = cfg->protect_portless;
+	const __u32 *peer = dir == RL_DIR_INGRESS ? p->src : p->dst;
+
+	if (p->has_ports) {
+		__u32 local = dir == RL_DIR_INGRESS ? p->dport : p->sport;
+		__u32 remote = dir == RL_DIR_INGRESS ? p->sport : p->dport;
+		__u32 idx, *m;
+
+		idx = p->pclass * RL_PORT_SPACE + local;
+		m = bpf_map_lookup_elem(&rl_protect_ports, &idx);
+		if (m)
+			rules |= *m;
+		idx = RL_PROTECT_SIDE + p->pclass * RL_PORT_SPACE + remote;
+		m = bpf_map_lookup_elem(&rl_protect_ports, &idx);
+		if (m)
+			rules |= *m;
+	}
+	if (rules & cfg->protect_peers) {
+		__u32 *m = NULL;
+
+		if (p->family == 4) {
+			struct rl_lpm4 k = { .prefixlen = 32, .addr = peer[3] };
+			m = bpf_map_lookup_elem(&rl_protect4, &k);
+		} else if (p->family == 6) {
+			struct rl_lpm6 k = { .prefixlen = 128 };
+			__builtin_memcpy(k.addr, peer, sizeof(k.addr));
+			m = bpf_map_lookup_elem(&rl_protect6, &k);
+		}
+		rules &= ~cfg->protect_peers | (m ? *m : 0);
+	}
+	return rules != 0;
+}
+
 /* The LPM entry of addr in the IPv4 or the IPv6 trie of one side, or an
  * empty set. */
 static __always_inline struct rl_mask rl_prefix_limits(void *trie4, void *trie6, __u8 family,
@@ -330,15 +551,21 @@ static __always_inline struct rl_mask rl_prefix_limits(void *trie4, void *trie6,
 	return m ? *m : none;
 }
 
+/* Narrows the candidates to the limits whose source (destination) CIDRs
+ * contain the packet's address, for the candidates restricted by them. A
+ * missing prefix leaves src/dst zero: the restricted limits drop out, and so
+ * do they for a frame whose addresses were not reached (family 0). */
 static __always_inline void rl_classify_cidr(const struct pkt *p, const struct rl_config *cfg,
 					     bool need_src, bool need_dst, struct rl_mask *out)
 {
 	struct rl_mask src = {}, dst = {};
 
-	if (need_src)
-		src = rl_prefix_limits(&rl_src4, &rl_src6, p->family, p->src);
-	if (need_dst)
-		dst = rl_prefix_limits(&rl_dst4, &rl_dst6, p->family, p->dst);
+	if (p->family) {
+		if (need_src)
+			src = rl_prefix_limits(&rl_src4, &rl_src6, p->family, p->src);
+		if (need_dst)
+			dst = rl_prefix_limits(&rl_dst4, &rl_dst6, p->family, p->dst);
+	}
 
 #pragma unroll
 	for (int w = 0; w < RL_MASK_WORDS; w++) {
@@ -351,17 +578,18 @@ static __always_inline void rl_classify_cidr(const struct pkt *p, const struct r
 
 /* The packet's candidate limits: one array entry by protocol and port (user
  * space ORs the class's port-less limits into every port entry, so that a
- * packet with ports needs no rl_proto_any lookup), ANDed with the
- * direction's limits; then source and destination prefixes, only if a
- * candidate is restricted by them. */
-static __always_inline bool rl_classify(const struct pkt *p, __u32 dir, struct rl_mask *out)
+ * packet with ports needs no rl_proto_any lookup; a packet without ports
+ * reads its class's entry of rl_proto_any, the "any port" entry if its
+ * ports are unknown), ANDed with the direction's limits; then source and
+ * destination prefixes, only if a candidate is restricted by them. */
+static __always_inline bool rl_classify(const struct pkt *p, const struct rl_config *cfg,
+					__u32 dir, struct rl_mask *out)
 {
-	__u32 zero = 0, idx;
-	struct rl_config *cfg = bpf_map_lookup_elem(&rl_cfg, &zero);
 	__u64 need_src = 0, need_dst = 0;
 	struct rl_mask *m;
+	__u32 idx;
 
-	if (!cfg || dir >= RL_DIRECTIONS)
+	if (dir >= RL_DIRECTIONS)
 		return false;
 	/* Two call sites, kept apart (barrier_var): merged into one call with
 	 * either map, the verifier could no longer inline the array lookup. */
@@ -370,7 +598,7 @@ static __always_inline bool rl_classify(const struct pkt *p, __u32 dir, struct r
 		m = bpf_map_lookup_elem(&rl_ports, &idx);
 		barrier_var(m);
 	} else {
-		idx = p->pclass;
+		idx = p->pclass + (p->l4_unknown ? RL_PROTO_CLASSES : 0);
 		m = bpf_map_lookup_elem(&rl_proto_any, &idx);
 		barrier_var(m);
 	}
@@ -399,77 +627,11 @@ static const __u8 rl_debruijn[64] = {
 	54, 26, 40, 15, 34, 20, 31, 10, 25, 14, 19, 9, 13, 8, 7, 6,
 };
 
-_Static_assert(RL_MASK_WORDS == 2, "rl_classify and rl_enforce read two mask words");
+_Static_assert(RL_MASK_WORDS == 2, "rl_classify and the walk read two mask words");
 
 static __always_inline __u32 rl_ctz64(__u64 x)
 {
 	return rl_debruijn[((x & -x) * 0x03F79D71B4CA8B09ULL) >> 58];
-}
-
-/* The whole decision for a packet that matches exactly one limit, with the
- * common cases inlined: the CPU's cache holds the cost (draw it and admit),
- * or a key-less limit's CPU waits for its pool to refill (reject without
- * touching the pool). Everything else (lease, new key, taking a cache way, stale
- * generation) goes through rl_check and rl_commit, as in the general case. */
-static __always_inline bool rl_enforce_one(const struct pkt *p, __u32 id, __u64 *now)
-{
-	struct rl_limit_cpu *lc = bpf_map_lookup_elem(&rl_percpu, &id);
-	struct rl_limit *lim = bpf_map_lookup_elem(&rl_limits, &id);
-	struct match m = { .id = id };
-	struct rl_cache *c;
-	__u32 cost;
-
-	if (!lim || !lc || !lim->gen)
-		return true;	/* stale classifier bit: not a limit */
-	cost = lim->unit == RL_UNIT_BYTES ? p->len : 1;
-
-	if (lim->key_kind == RL_KEY_NONE) {
-		c = &lc->cache;
-		if (c->gen != lim->gen)
-			goto slow;
-		if (c->tokens < cost) {
-			/* The pool was short: drop until a chunk has accrued. */
-			if (c->seq != lim->seq || c->retry_ns <= rl_now(now))
-				goto slow;
-			if (lim->action == RL_ACTION_SHADOW) {
-				lc->stats.shadow_packets++;
-				lc->stats.shadow_bytes += p->len;
-				return true;
-			}
-			lc->stats.dropped_packets++;
-			lc->stats.dropped_bytes += p->len;
-			return false;
-		}
-	} else {
-		struct rl_bucket_key k = { .limit = id, .gen = lim->gen };
-		struct rl_key_set *set;
-		__u32 si, w;
-
-		rl_bucket_key(lim, p, &k);
-		si = rl_hash(id, lim->gen, k.addr) & (RL_KEY_CACHE_SETS - 1);
-		set = bpf_map_lookup_elem(&rl_key_cache, &si);
-		if (!set)
-			return true;
-		w = rl_key_way(set, &k);
-		/* A keyed limit's over-limit path stays in rl_check: it must see
-		 * a pool that was evicted meanwhile. */
-		if (w >= RL_KEY_CACHE_WAYS)
-			goto slow;
-		c = &set->way[w].cache;
-		if (c->gen != lim->gen || c->tokens < cost)
-			goto slow;
-		if (set->mru != w)
-			set->mru = w;
-	}
-	c->tokens -= cost;
-	lc->stats.admitted_packets++;
-	lc->stats.admitted_bytes += p->len;
-	return true;
-
-slow:
-	m.state = rl_check(p, &m, now);
-	rl_commit(&m, p->len, m.state != MATCH_REJECT);
-	return m.state != MATCH_REJECT;
 }
 
 /* Walks a candidate set, lowest id first. RL_MASK_WORDS is 2: the walk
@@ -499,12 +661,113 @@ static __always_inline bool rl_walk_next(struct rl_walk *it, const struct rl_mas
 	return true;
 }
 
-/* The common case of several candidates, inlined: every one is a key-less
+/* The candidates the walk has not reached. */
+static __always_inline bool rl_walk_rest_has(const struct rl_walk *it, const struct rl_mask *cand,
+					     const struct rl_mask *of)
+{
+	if (it->w)
+		return (it->bits & of->w[1]) != 0;
+	return ((it->bits & of->w[0]) | (cand->w[1] & of->w[1])) != 0;
+}
+
+/* The general case: check every candidate without drawing, then commit all
+ * or nothing. */
+static __always_inline bool rl_decide_all(const struct pkt *p, const struct rl_config *cfg,
+					  const struct rl_mask *cand, __u64 now)
+{
+	struct rl_decision d;
+	struct rl_walk it = rl_walk_start(cand);
+	bool pass = true;
+	__u32 n = 0, id;
+
+	d.now = now;
+	for (int i = 0; i < RL_MAX_MATCH; i++) {
+		if (!rl_walk_next(&it, cand, &id))
+			break;
+		d.m[i].id = id;
+		d.m[i].state = rl_check(p, &d, i);
+		if (d.m[i].state == MATCH_REJECT)
+			pass = false;
+		n = i + 1;
+	}
+	if (n == RL_MAX_MATCH && rl_walk_rest_has(&it, cand, cand)) {
+		/* More limits than are checked: a drop limit among the rest
+		 * fails closed; shadow limits only miss their counts. */
+		rl_global_count(G_MATCH_OVERFLOW);
+		if (rl_walk_rest_has(&it, cand, &cfg->drop)) {
+			rl_global_count(G_FAIL_CLOSED);
+			pass = false;
+		}
+	}
+	for (int i = 0; i < RL_MAX_MATCH; i++) {
+		if (i >= n)
+			break;
+		rl_commit(p, &d.m[i], pass);
+	}
+	return pass;
+}
+
+/* The decision for a packet that matches exactly one limit: the common cases
+ * inline, built from the same helpers as rl_check and rl_commit (the CPU's
+ * cache holds the cost: draw it and admit; a key-less limit's CPU waits for
+ * its pool to refill: reject without touching the pool). Everything else
+ * (lease, new key, taking a cache way, stale generation) goes the general
+ * way, with one candidate. */
+static __always_inline bool rl_decide_one(const struct pkt *p, const struct rl_config *cfg,
+					  const struct rl_mask *cand, __u32 id)
+{
+	struct rl_limit_cpu *lc;
+	struct rl_limit *lim = rl_limit_of(id, &lc);
+	struct rl_cache *c;
+	__u64 now = 0;
+	__u32 cost;
+	int state;
+
+	if (!lim)
+		return true;	/* stale classifier bit: not a limit */
+	cost = rl_cost(lim, p);
+
+	if (lim->key_kind == RL_KEY_NONE) {
+		c = &lc->cache;
+		if (c->gen != lim->gen)
+			goto slow;
+		if (c->tokens < cost) {
+			/* The pool was short: over limit until a chunk has accrued. */
+			if (c->seq != lim->seq || c->retry_ns <= rl_now(&now))
+				goto slow;
+			state = rl_over(lim);
+			rl_count(&lc->stats, state, p->len);
+			return state != MATCH_REJECT;
+		}
+	} else {
+		struct rl_key_ref r = {};
+
+		if (!rl_key_find(lim, id, p, cfg->seed, &r))
+			return true;
+		/* A keyed limit's over-limit path stays in rl_check: it must see
+		 * a pool that was evicted meanwhile. */
+		if (r.way >= RL_KEY_CACHE_WAYS)
+			goto slow;
+		c = &r.set->way[r.way & (RL_KEY_CACHE_WAYS - 1)].cache;
+		if (c->gen != lim->gen || c->tokens < cost)
+			goto slow;
+		if (r.set->mru != r.way)
+			r.set->mru = r.way;
+	}
+	c->tokens -= cost;
+	rl_count(&lc->stats, MATCH_ADMIT, p->len);
+	return true;
+
+slow:
+	return rl_decide_all(p, cfg, cand, now);
+}
+
+/* The common case of several candidates, inline: every one is a key-less
  * limit whose CPU cache holds the packet's cost. Then the packet passes and
  * each draws its cost. Returns false, having drawn nothing, if any candidate
  * needs more (lease, keys, over limit, more than RL_MAX_MATCH candidates):
- * rl_enforce then goes the general way. */
-static __always_inline bool rl_enforce_fast(const struct pkt *p, const struct rl_mask *cand)
+ * the caller then goes the general way. */
+static __always_inline bool rl_decide_fast(const struct pkt *p, const struct rl_mask *cand)
 {
 	struct rl_walk it = rl_walk_start(cand);
 	__u32 id;
@@ -516,12 +779,10 @@ static __always_inline bool rl_enforce_fast(const struct pkt *p, const struct rl
 		if (!rl_walk_next(&it, cand, &id))
 			break;
 		if (i == RL_MAX_MATCH)
-			return false;	/* overflow: counted on the general way */
-		lc = bpf_map_lookup_elem(&rl_percpu, &id);
-		lim = bpf_map_lookup_elem(&rl_limits, &id);
-		if (!lim || !lc || !lim->gen || lim->key_kind != RL_KEY_NONE ||
-		    lc->cache.gen != lim->gen ||
-		    lc->cache.tokens < (lim->unit == RL_UNIT_BYTES ? p->len : 1))
+			return false;	/* overflow: decided on the general way */
+		lim = rl_limit_of(id, &lc);
+		if (!lim || lim->key_kind != RL_KEY_NONE || lc->cache.gen != lim->gen ||
+		    lc->cache.tokens < rl_cost(lim, p))
 			return false;
 	}
 
@@ -532,57 +793,54 @@ static __always_inline bool rl_enforce_fast(const struct pkt *p, const struct rl
 
 		if (!rl_walk_next(&it, cand, &id))
 			break;
-		lc = bpf_map_lookup_elem(&rl_percpu, &id);
-		lim = bpf_map_lookup_elem(&rl_limits, &id);
-		if (!lim || !lc)
+		lim = rl_limit_of(id, &lc);
+		if (!lim)
 			continue;	/* cannot happen: checked above */
-		lc->cache.tokens -= lim->unit == RL_UNIT_BYTES ? p->len : 1;
-		lc->stats.admitted_packets++;
-		lc->stats.admitted_bytes += p->len;
+		lc->cache.tokens -= rl_cost(lim, p);
+		rl_count(&lc->stats, MATCH_ADMIT, p->len);
 	}
 	return true;
 }
 
-/* Returns true if the packet may pass. */
-static __always_inline bool rl_enforce(const struct pkt *p, __u32 dir)
+/* The one decision for a parsed packet, for every program and direction.
+ * Returns true if the packet may pass. */
+static __always_inline bool rl_decide(struct pkt *p, __u32 dir)
 {
-	struct match ms[RL_MAX_MATCH];
+	struct rl_config *cfg;
 	struct rl_mask cand;
-	struct rl_walk it;
-	__u32 n = 0, extra;
-	__u64 now = 0;
-	bool pass = true;
+	__u32 zero = 0;
 
-	if (!rl_classify(p, dir, &cand))
+	if (p->frag != RL_FRAG_NONE) {
+		switch (rl_frag_resolve(p)) {
+		case 1:
+			rl_global_count(G_FRAG_FIRST);
+			break;
+		case 2:
+			rl_global_count(G_FRAG_UNSEEN);
+			break;
+		}
+	}
+	if (p->l4_unknown)
+		rl_global_count(G_L4_UNKNOWN);
+
+	cfg = bpf_map_lookup_elem(&rl_cfg, &zero);
+	if (!cfg)
+		return true;
+	if (cfg->protect_rules && rl_protected(p, cfg, dir)) {
+		rl_global_count(G_PROTECTED);
+		return true;
+	}
+	if (!rl_classify(p, cfg, dir, &cand))
 		return true;
 
-	/* Exactly one candidate: the common case, decided inline. */
+	/* Exactly one candidate: the common case. */
 	if (!(cand.w[0] & (cand.w[0] - 1)) && !cand.w[1])
-		return rl_enforce_one(p, rl_ctz64(cand.w[0]), &now);
+		return rl_decide_one(p, cfg, &cand, rl_ctz64(cand.w[0]));
 	if (!cand.w[0] && !(cand.w[1] & (cand.w[1] - 1)))
-		return rl_enforce_one(p, 64 + rl_ctz64(cand.w[1]), &now);
-	if (rl_enforce_fast(p, &cand))
+		return rl_decide_one(p, cfg, &cand, 64 + rl_ctz64(cand.w[1]));
+	if (rl_decide_fast(p, &cand))
 		return true;
-
-	/* Check every candidate without drawing, then commit: all or nothing. */
-	it = rl_walk_start(&cand);
-	for (int i = 0; i < RL_MAX_MATCH; i++) {
-		if (!rl_walk_next(&it, &cand, &ms[i].id))
-			break;
-		ms[i].state = rl_check(p, &ms[i], &now);
-		if (ms[i].state == MATCH_REJECT)
-			pass = false;
-		n = i + 1;
-	}
-	if (n == RL_MAX_MATCH && rl_walk_next(&it, &cand, &extra))
-		rl_global_count(0);
-
-	for (int i = 0; i < RL_MAX_MATCH; i++) {
-		if (i >= n)
-			break;
-		rl_commit(&ms[i], p->len, pass);
-	}
-	return pass;
+	return rl_decide_all(p, cfg, &cand, 0);
 }
 
 SEC("xdp")
@@ -595,7 +853,7 @@ int xdp_ratelimit(struct xdp_md *ctx)
 	rl_clock_tick();
 	if (parse_packet(data, end, &p) < 0)
 		return XDP_PASS;
-	return rl_enforce(&p, RL_DIR_INGRESS) ? XDP_PASS : XDP_DROP;
+	return rl_decide(&p, RL_DIR_INGRESS) ? XDP_PASS : XDP_DROP;
 }
 
 /* Reads the data path's clock into rl_clock_probe_out, for user space to set

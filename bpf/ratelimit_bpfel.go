@@ -46,12 +46,18 @@ const (
 )
 
 type RatelimitRlConfig struct {
-	_       structs.HostLayout
-	Dir     [2]RatelimitRlMask
-	SrcCidr RatelimitRlMask
-	DstCidr RatelimitRlMask
-	LastGen uint32
-	Pad     uint32
+	_               structs.HostLayout
+	Dir             [2]RatelimitRlMask
+	SrcCidr         RatelimitRlMask
+	DstCidr         RatelimitRlMask
+	LastGen         uint32
+	Pad             uint32
+	Drop            RatelimitRlMask
+	ProtectRules    uint32
+	ProtectPortless uint32
+	ProtectPeers    uint32
+	Pad2            uint32
+	Seed            [2]uint64
 }
 
 type RatelimitRlConst uint32
@@ -59,15 +65,17 @@ type RatelimitRlConst uint32
 const (
 	RatelimitRlConstRL_MAX_LIMITS        RatelimitRlConst = 128
 	RatelimitRlConstRL_MASK_WORDS        RatelimitRlConst = 2
-	RatelimitRlConstRL_MAX_MATCH         RatelimitRlConst = 8
+	RatelimitRlConstRL_MAX_MATCH         RatelimitRlConst = 16
 	RatelimitRlConstRL_PORT_SPACE        RatelimitRlConst = 65536
 	RatelimitRlConstRL_KEY_CACHE_SETS    RatelimitRlConst = 4096
 	RatelimitRlConstRL_KEY_CACHE_WAYS    RatelimitRlConst = 2
 	RatelimitRlConstRL_CAS_TRIES         RatelimitRlConst = 4
 	RatelimitRlConstRL_STALE_NS          RatelimitRlConst = 10000000
-	RatelimitRlConstRL_MAX_RATE          RatelimitRlConst = 1000000000
+	RatelimitRlConstRL_MAX_RATE          RatelimitRlConst = 4000000000
 	RatelimitRlConstRL_MAX_BURST_SECONDS RatelimitRlConst = 3600
 	RatelimitRlConstRL_NO_SLOT           RatelimitRlConst = 4294967295
+	RatelimitRlConstRL_MAX_PROTECT       RatelimitRlConst = 32
+	RatelimitRlConstRL_PROTECT_SIDE      RatelimitRlConst = 131072
 )
 
 type RatelimitRlDirection uint32
@@ -78,11 +86,37 @@ const (
 	RatelimitRlDirectionRL_DIRECTIONS  RatelimitRlDirection = 2
 )
 
+type RatelimitRlFragInfo struct {
+	_         structs.HostLayout
+	Sport     uint16
+	Dport     uint16
+	Pclass    uint8
+	HasPorts  uint8
+	L4Unknown uint8
+	Pad       uint8
+}
+
+type RatelimitRlFragKey struct {
+	_      structs.HostLayout
+	Src    [4]uint32
+	Dst    [4]uint32
+	Id     uint32
+	Proto  uint8
+	Family uint8
+	Pad    uint16
+}
+
 type RatelimitRlGlobalStats struct {
-	_              structs.HostLayout
-	MatchOverflow  uint64
-	LeaseContended uint64
-	PoolFull       uint64
+	_                structs.HostLayout
+	MatchOverflow    uint64
+	LeaseContended   uint64
+	PoolFull         uint64
+	L4Unknown        uint64
+	FailClosed       uint64
+	ProtectedPackets uint64
+	FragFirst        uint64
+	FragUnseen       uint64
+	CacheBypass      uint64
 }
 
 type RatelimitRlKeyKind uint32
@@ -141,11 +175,13 @@ type RatelimitRlLimitMeta struct {
 	ObservedUnixNs int64
 	Scope          uint8
 	Stale          uint8
-	Pad            [6]uint8
+	State          uint8
+	Pad            [5]uint8
 	SnapUnixNs     int64
 	SnapAdmitted   uint64
 	SnapDropped    uint64
 	SnapShadow     uint64
+	Note           [128]int8
 }
 
 type RatelimitRlLpm4 struct {
@@ -165,6 +201,14 @@ type RatelimitRlMask struct {
 	W [2]uint64
 }
 
+type RatelimitRlMetaState uint32
+
+const (
+	RatelimitRlMetaStateRL_META_APPLIED  RatelimitRlMetaState = 0
+	RatelimitRlMetaStateRL_META_CLAMPED  RatelimitRlMetaState = 1
+	RatelimitRlMetaStateRL_META_REJECTED RatelimitRlMetaState = 2
+)
+
 type RatelimitRlParams struct {
 	_      structs.HostLayout
 	Rate   uint64
@@ -182,11 +226,13 @@ type RatelimitRlPool struct {
 type RatelimitRlProtoClass uint32
 
 const (
-	RatelimitRlProtoClassRL_PROTO_TCP     RatelimitRlProtoClass = 0
-	RatelimitRlProtoClassRL_PROTO_UDP     RatelimitRlProtoClass = 1
-	RatelimitRlProtoClassRL_PROTO_ICMP    RatelimitRlProtoClass = 2
-	RatelimitRlProtoClassRL_PROTO_OTHER   RatelimitRlProtoClass = 3
-	RatelimitRlProtoClassRL_PROTO_CLASSES RatelimitRlProtoClass = 4
+	RatelimitRlProtoClassRL_PROTO_TCP         RatelimitRlProtoClass = 0
+	RatelimitRlProtoClassRL_PROTO_UDP         RatelimitRlProtoClass = 1
+	RatelimitRlProtoClassRL_PROTO_ICMP        RatelimitRlProtoClass = 2
+	RatelimitRlProtoClassRL_PROTO_OTHER       RatelimitRlProtoClass = 3
+	RatelimitRlProtoClassRL_PROTO_UNKNOWN     RatelimitRlProtoClass = 4
+	RatelimitRlProtoClassRL_PROTO_CLASSES     RatelimitRlProtoClass = 5
+	RatelimitRlProtoClassRL_PROTO_ANY_ENTRIES RatelimitRlProtoClass = 10
 )
 
 type RatelimitRlStats struct {
@@ -222,6 +268,7 @@ const (
 	RatelimitMapRlCfg           = "rl_cfg"
 	RatelimitMapRlDst4          = "rl_dst4"
 	RatelimitMapRlDst6          = "rl_dst6"
+	RatelimitMapRlFrags         = "rl_frags"
 	RatelimitMapRlGlobal        = "rl_global"
 	RatelimitMapRlKeyCache      = "rl_key_cache"
 	RatelimitMapRlLimits        = "rl_limits"
@@ -229,6 +276,9 @@ const (
 	RatelimitMapRlPercpu        = "rl_percpu"
 	RatelimitMapRlPools         = "rl_pools"
 	RatelimitMapRlPorts         = "rl_ports"
+	RatelimitMapRlProtect4      = "rl_protect4"
+	RatelimitMapRlProtect6      = "rl_protect6"
+	RatelimitMapRlProtectPorts  = "rl_protect_ports"
 	RatelimitMapRlProtoAny      = "rl_proto_any"
 	RatelimitMapRlSrc4          = "rl_src4"
 	RatelimitMapRlSrc6          = "rl_src6"
@@ -241,6 +291,7 @@ const (
 	RatelimitVarRlDirection     = "_rl_direction"
 	RatelimitVarRlGlobalStats   = "_rl_global_stats"
 	RatelimitVarRlKeyKind       = "_rl_key_kind"
+	RatelimitVarRlMetaState     = "_rl_meta_state"
 	RatelimitVarRlProtoClass    = "_rl_proto_class"
 	RatelimitVarRlUnit          = "_rl_unit"
 	RatelimitVarRlClockProbeOut = "rl_clock_probe_out"
@@ -300,21 +351,25 @@ type RatelimitProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type RatelimitMapSpecs struct {
-	RlBuckets    *ebpf.MapSpec `ebpf:"rl_buckets"`
-	RlCfg        *ebpf.MapSpec `ebpf:"rl_cfg"`
-	RlDst4       *ebpf.MapSpec `ebpf:"rl_dst4"`
-	RlDst6       *ebpf.MapSpec `ebpf:"rl_dst6"`
-	RlGlobal     *ebpf.MapSpec `ebpf:"rl_global"`
-	RlKeyCache   *ebpf.MapSpec `ebpf:"rl_key_cache"`
-	RlLimits     *ebpf.MapSpec `ebpf:"rl_limits"`
-	RlMeta       *ebpf.MapSpec `ebpf:"rl_meta"`
-	RlPercpu     *ebpf.MapSpec `ebpf:"rl_percpu"`
-	RlPools      *ebpf.MapSpec `ebpf:"rl_pools"`
-	RlPorts      *ebpf.MapSpec `ebpf:"rl_ports"`
-	RlProtoAny   *ebpf.MapSpec `ebpf:"rl_proto_any"`
-	RlSrc4       *ebpf.MapSpec `ebpf:"rl_src4"`
-	RlSrc6       *ebpf.MapSpec `ebpf:"rl_src6"`
-	RlTombstones *ebpf.MapSpec `ebpf:"rl_tombstones"`
+	RlBuckets      *ebpf.MapSpec `ebpf:"rl_buckets"`
+	RlCfg          *ebpf.MapSpec `ebpf:"rl_cfg"`
+	RlDst4         *ebpf.MapSpec `ebpf:"rl_dst4"`
+	RlDst6         *ebpf.MapSpec `ebpf:"rl_dst6"`
+	RlFrags        *ebpf.MapSpec `ebpf:"rl_frags"`
+	RlGlobal       *ebpf.MapSpec `ebpf:"rl_global"`
+	RlKeyCache     *ebpf.MapSpec `ebpf:"rl_key_cache"`
+	RlLimits       *ebpf.MapSpec `ebpf:"rl_limits"`
+	RlMeta         *ebpf.MapSpec `ebpf:"rl_meta"`
+	RlPercpu       *ebpf.MapSpec `ebpf:"rl_percpu"`
+	RlPools        *ebpf.MapSpec `ebpf:"rl_pools"`
+	RlPorts        *ebpf.MapSpec `ebpf:"rl_ports"`
+	RlProtect4     *ebpf.MapSpec `ebpf:"rl_protect4"`
+	RlProtect6     *ebpf.MapSpec `ebpf:"rl_protect6"`
+	RlProtectPorts *ebpf.MapSpec `ebpf:"rl_protect_ports"`
+	RlProtoAny     *ebpf.MapSpec `ebpf:"rl_proto_any"`
+	RlSrc4         *ebpf.MapSpec `ebpf:"rl_src4"`
+	RlSrc6         *ebpf.MapSpec `ebpf:"rl_src6"`
+	RlTombstones   *ebpf.MapSpec `ebpf:"rl_tombstones"`
 }
 
 // RatelimitVariableSpecs contains global variables before they are loaded into the kernel.
@@ -327,6 +382,7 @@ type RatelimitVariableSpecs struct {
 	RlDirection     *ebpf.VariableSpec `ebpf:"_rl_direction"`
 	RlGlobalStats   *ebpf.VariableSpec `ebpf:"_rl_global_stats"`
 	RlKeyKind       *ebpf.VariableSpec `ebpf:"_rl_key_kind"`
+	RlMetaState     *ebpf.VariableSpec `ebpf:"_rl_meta_state"`
 	RlProtoClass    *ebpf.VariableSpec `ebpf:"_rl_proto_class"`
 	RlUnit          *ebpf.VariableSpec `ebpf:"_rl_unit"`
 	RlClockProbeOut *ebpf.VariableSpec `ebpf:"rl_clock_probe_out"`
@@ -356,21 +412,25 @@ func (o *RatelimitObjects) Close() error {
 //
 // It can be passed to LoadRatelimitObjects or ebpf.CollectionSpec.LoadAndAssign.
 type RatelimitMaps struct {
-	RlBuckets    *ebpf.Map `ebpf:"rl_buckets"`
-	RlCfg        *ebpf.Map `ebpf:"rl_cfg"`
-	RlDst4       *ebpf.Map `ebpf:"rl_dst4"`
-	RlDst6       *ebpf.Map `ebpf:"rl_dst6"`
-	RlGlobal     *ebpf.Map `ebpf:"rl_global"`
-	RlKeyCache   *ebpf.Map `ebpf:"rl_key_cache"`
-	RlLimits     *ebpf.Map `ebpf:"rl_limits"`
-	RlMeta       *ebpf.Map `ebpf:"rl_meta"`
-	RlPercpu     *ebpf.Map `ebpf:"rl_percpu"`
-	RlPools      *ebpf.Map `ebpf:"rl_pools"`
-	RlPorts      *ebpf.Map `ebpf:"rl_ports"`
-	RlProtoAny   *ebpf.Map `ebpf:"rl_proto_any"`
-	RlSrc4       *ebpf.Map `ebpf:"rl_src4"`
-	RlSrc6       *ebpf.Map `ebpf:"rl_src6"`
-	RlTombstones *ebpf.Map `ebpf:"rl_tombstones"`
+	RlBuckets      *ebpf.Map `ebpf:"rl_buckets"`
+	RlCfg          *ebpf.Map `ebpf:"rl_cfg"`
+	RlDst4         *ebpf.Map `ebpf:"rl_dst4"`
+	RlDst6         *ebpf.Map `ebpf:"rl_dst6"`
+	RlFrags        *ebpf.Map `ebpf:"rl_frags"`
+	RlGlobal       *ebpf.Map `ebpf:"rl_global"`
+	RlKeyCache     *ebpf.Map `ebpf:"rl_key_cache"`
+	RlLimits       *ebpf.Map `ebpf:"rl_limits"`
+	RlMeta         *ebpf.Map `ebpf:"rl_meta"`
+	RlPercpu       *ebpf.Map `ebpf:"rl_percpu"`
+	RlPools        *ebpf.Map `ebpf:"rl_pools"`
+	RlPorts        *ebpf.Map `ebpf:"rl_ports"`
+	RlProtect4     *ebpf.Map `ebpf:"rl_protect4"`
+	RlProtect6     *ebpf.Map `ebpf:"rl_protect6"`
+	RlProtectPorts *ebpf.Map `ebpf:"rl_protect_ports"`
+	RlProtoAny     *ebpf.Map `ebpf:"rl_proto_any"`
+	RlSrc4         *ebpf.Map `ebpf:"rl_src4"`
+	RlSrc6         *ebpf.Map `ebpf:"rl_src6"`
+	RlTombstones   *ebpf.Map `ebpf:"rl_tombstones"`
 }
 
 func (m *RatelimitMaps) Close() error {
@@ -379,6 +439,7 @@ func (m *RatelimitMaps) Close() error {
 		m.RlCfg,
 		m.RlDst4,
 		m.RlDst6,
+		m.RlFrags,
 		m.RlGlobal,
 		m.RlKeyCache,
 		m.RlLimits,
@@ -386,6 +447,9 @@ func (m *RatelimitMaps) Close() error {
 		m.RlPercpu,
 		m.RlPools,
 		m.RlPorts,
+		m.RlProtect4,
+		m.RlProtect6,
+		m.RlProtectPorts,
 		m.RlProtoAny,
 		m.RlSrc4,
 		m.RlSrc6,
@@ -403,6 +467,7 @@ type RatelimitVariables struct {
 	RlDirection     *ebpf.Variable `ebpf:"_rl_direction"`
 	RlGlobalStats   *ebpf.Variable `ebpf:"_rl_global_stats"`
 	RlKeyKind       *ebpf.Variable `ebpf:"_rl_key_kind"`
+	RlMetaState     *ebpf.Variable `ebpf:"_rl_meta_state"`
 	RlProtoClass    *ebpf.Variable `ebpf:"_rl_proto_class"`
 	RlUnit          *ebpf.Variable `ebpf:"_rl_unit"`
 	RlClockProbeOut *ebpf.Variable `ebpf:"rl_clock_probe_out"`

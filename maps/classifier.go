@@ -46,7 +46,7 @@ func andNot(a, b mask) (r mask) {
 // that the data path finds a packet's candidates in one lookup.
 type classifier struct {
 	cfg      bpf.RatelimitRlConfig
-	protoAny [bpf.RatelimitRlProtoClassRL_PROTO_CLASSES]mask
+	protoAny [bpf.RatelimitRlProtoClassRL_PROTO_ANY_ENTRIES]mask
 	ports    []mask // class x 65536 + port, TCP and UDP
 	src, dst map[netip.Prefix]mask
 	// unfolded: read from a port table whose entries lack their class's
@@ -71,6 +71,12 @@ const (
 	classUDP   = int(bpf.RatelimitRlProtoClassRL_PROTO_UDP)
 	classICMP  = int(bpf.RatelimitRlProtoClassRL_PROTO_ICMP)
 	classOther = int(bpf.RatelimitRlProtoClassRL_PROTO_OTHER)
+	// classUnknown is a packet whose protocol could not be found.
+	classUnknown = int(bpf.RatelimitRlProtoClassRL_PROTO_UNKNOWN)
+	// anyPort is added to a class for the protoAny entry that holds every
+	// limit of the class whatever its ports: what a packet of that class
+	// whose ports are unknown could match.
+	anyPort = int(bpf.RatelimitRlProtoClassRL_PROTO_CLASSES)
 )
 
 // classes are the protocol classes a protocol selects.
@@ -86,13 +92,28 @@ func (p Protocol) classes() []int {
 	return []int{classTCP, classUDP, classICMP, classOther}
 }
 
-// buildClassifier derives the classifier of a set of limits.
-func buildClassifier(limits map[uint32]*installed, lastGen uint32) *classifier {
+// buildClassifier derives the classifier of a set of limits. What is not
+// the limits' (the last generation, the hash seed, the protect rules) comes
+// from prev, if set.
+func buildClassifier(limits map[uint32]*installed, prev *bpf.RatelimitRlConfig, lastGen uint32) *classifier {
 	c := newClassifier()
+	if prev != nil {
+		c.cfg.Seed = prev.Seed
+		c.cfg.ProtectRules, c.cfg.ProtectPortless, c.cfg.ProtectPeers = prev.ProtectRules, prev.ProtectPortless, prev.ProtectPeers
+	}
 	c.cfg.LastGen = lastGen
 	for id, in := range limits {
 		m := &in.limit.Match
 		setBit(&c.cfg.Dir[m.Direction], id)
+		if in.limit.Action == Drop {
+			setBit(&c.cfg.Drop, id)
+		}
+		// A packet whose protocol is unknown could be any limit's.
+		setBit(&c.protoAny[classUnknown], id)
+		setBit(&c.protoAny[anyPort+classUnknown], id)
+		for _, cl := range m.Protocol.classes() {
+			setBit(&c.protoAny[anyPort+cl], id)
+		}
 		if len(m.DstPorts) == 0 {
 			for _, cl := range m.Protocol.classes() {
 				setBit(&c.protoAny[cl], id)
@@ -253,7 +274,7 @@ func (d *Datapath) readClassifier() (*classifier, error) {
 			return nil, fmt.Errorf("read protocol table: %w", err)
 		}
 	}
-	if err := d.readPorts(c.ports); err != nil {
+	if err := readArray(d.objs.RlPorts, c.ports); err != nil {
 		return nil, fmt.Errorf("read port table: %w", err)
 	}
 	for i, m := range c.ports {
@@ -271,9 +292,7 @@ func (d *Datapath) readClassifier() (*classifier, error) {
 		var k4 bpf.RatelimitRlLpm4
 		it := t.m4.Iterate()
 		for it.Next(&k4, &v) {
-			var a [4]byte
-			binary.LittleEndian.PutUint32(a[:], k4.Addr)
-			t.out[netip.PrefixFrom(netip.AddrFrom4(a), int(k4.Prefixlen))] = v
+			t.out[prefix4(k4)] = v
 		}
 		if err := it.Err(); err != nil {
 			return nil, fmt.Errorf("read prefixes: %w", err)
@@ -281,11 +300,7 @@ func (d *Datapath) readClassifier() (*classifier, error) {
 		var k6 bpf.RatelimitRlLpm6
 		it = t.m6.Iterate()
 		for it.Next(&k6, &v) {
-			var a [16]byte
-			for i, w := range k6.Addr {
-				binary.LittleEndian.PutUint32(a[4*i:], w)
-			}
-			t.out[netip.PrefixFrom(netip.AddrFrom16(a), int(k6.Prefixlen))] = v
+			t.out[prefix6(k6)] = v
 		}
 		if err := it.Err(); err != nil {
 			return nil, fmt.Errorf("read prefixes: %w", err)
@@ -303,7 +318,7 @@ func (c *classifier) matchOf(id uint32) Match {
 		m.Direction = Egress
 	}
 	var classes []int
-	for cl := range c.protoAny {
+	for cl := range classUnknown {
 		if hasBit(&c.protoAny[cl], id) {
 			classes = append(classes, cl)
 		}
@@ -377,15 +392,16 @@ func tableErr(err error) error {
 	return err
 }
 
-// readPorts reads the whole port table, in batches where the kernel can.
-func (d *Datapath) readPorts(out []mask) error {
+// readArray reads a whole array map into out (indexed by key), in batches
+// where the kernel can.
+func readArray[V any](m *ebpf.Map, out []V) error {
 	var (
 		cursor ebpf.MapBatchCursor
 		keys   = make([]uint32, 8192)
-		vals   = make([]mask, 8192)
+		vals   = make([]V, 8192)
 	)
 	for {
-		n, err := d.objs.RlPorts.BatchLookup(&cursor, keys, vals, nil)
+		n, err := m.BatchLookup(&cursor, keys, vals, nil)
 		for i := range n {
 			if int(keys[i]) < len(out) {
 				out[keys[i]] = vals[i]
@@ -403,13 +419,27 @@ func (d *Datapath) readPorts(out []mask) error {
 	}
 	var (
 		k uint32
-		v mask
+		v V
 	)
-	it := d.objs.RlPorts.Iterate()
+	it := m.Iterate()
 	for it.Next(&k, &v) {
 		if int(k) < len(out) {
 			out[k] = v
 		}
 	}
 	return it.Err()
+}
+
+func prefix4(k bpf.RatelimitRlLpm4) netip.Prefix {
+	var a [4]byte
+	binary.LittleEndian.PutUint32(a[:], k.Addr)
+	return netip.PrefixFrom(netip.AddrFrom4(a), int(k.Prefixlen))
+}
+
+func prefix6(k bpf.RatelimitRlLpm6) netip.Prefix {
+	var a [16]byte
+	for i, w := range k.Addr {
+		binary.LittleEndian.PutUint32(a[4*i:], w)
+	}
+	return netip.PrefixFrom(netip.AddrFrom16(a), int(k.Prefixlen))
 }

@@ -57,7 +57,7 @@ func TestBuildClassifier(t *testing.T) {
 		12:  {Match: Match{Direction: Egress, Protocol: UDP}},
 		127: {Match: Match{Direction: Egress, SrcCIDRs: prefixes("::/0"), DstCIDRs: prefixes("0.0.0.0/0")}},
 	})
-	c := buildClassifier(limits, 42)
+	c := buildClassifier(limits, nil, 42)
 
 	wantPorts := map[int]mask{
 		classTCP*portSpace + 80:    maskOf(3, 64),
@@ -122,8 +122,8 @@ func TestBuildClassifier(t *testing.T) {
 	checkPrefixMasks(t, "dst", c.dst, wantDst)
 
 	// No limits: every table is empty.
-	empty := buildClassifier(nil, 7)
-	if empty.cfg.Dir != [2]mask{} || empty.protoAny != [4]mask{} || len(empty.src)+len(empty.dst) != 0 {
+	empty := buildClassifier(nil, nil, 7)
+	if empty.cfg.Dir != [2]mask{} || empty.protoAny != [len(empty.protoAny)]mask{} || len(empty.src)+len(empty.dst) != 0 {
 		t.Errorf("classifier of no limits is not empty: %+v", empty.cfg)
 	}
 	for i, m := range empty.ports {
@@ -296,7 +296,7 @@ func TestMatchOf(t *testing.T) {
 	for id, tt := range tests {
 		ls[id] = Limit{Match: tt.in}
 	}
-	c := buildClassifier(installedSet(ls), 1)
+	c := buildClassifier(installedSet(ls), nil, 1)
 	for id, tt := range tests {
 		if got := c.matchOf(id); matchString(got) != matchString(tt.want) {
 			t.Errorf("limit %d: matchOf = %s, want %s", id, matchString(got), matchString(tt.want))
@@ -343,7 +343,7 @@ func TestMatchOfRandom(t *testing.T) {
 			}
 			ls[uint32(r.IntN(int(MaxLimits)))] = Limit{Match: m}
 		}
-		c := buildClassifier(installedSet(ls), 1)
+		c := buildClassifier(installedSet(ls), nil, 1)
 		for id, l := range ls {
 			got, want := matchString(c.matchOf(id)), matchString(canonMatch(l.Match))
 			if got != want {

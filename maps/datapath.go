@@ -68,6 +68,8 @@ type Datapath struct {
 	state *classifier
 	// limits mirrors what is written to rl_limits, by id.
 	limits map[uint32]*installed
+	// protect mirrors the protect maps; nil until SetProtected reads them.
+	protect *protection
 }
 
 type installed struct {
@@ -135,6 +137,11 @@ func Load(opts Options) (*Datapath, error) {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
 			return nil, fmt.Errorf("load data path: %+v", ve)
+		}
+		if errors.Is(err, ebpf.ErrMapIncompatible) {
+			return nil, fmt.Errorf("load data path: the maps pinned in %s were made by another version of rlagent "+
+				"(their layout differs; `rlagent cleanup` removes them, and enforcement stops until the agent attaches again): %w",
+				opts.PinDir, err)
 		}
 		return nil, fmt.Errorf("load data path: %w", err)
 	}

@@ -179,7 +179,7 @@ func checkClassifier(tb testing.TB, d *Datapath) *classifier {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	want := buildClassifier(d.limits, d.state.cfg.LastGen)
+	want := buildClassifier(d.limits, &d.state.cfg, d.state.cfg.LastGen)
 	if diff := diffClassifier(got, want); len(diff) > 0 {
 		tb.Errorf("classifier maps differ from the limits' classifier (maps != want):\n%s", strings.Join(diff, "\n"))
 	}

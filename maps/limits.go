@@ -1,6 +1,7 @@
 package maps
 
 import (
+	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -15,8 +16,8 @@ import (
 
 // vOrigin is where a new limit's virtual clock starts. A bucket that was
 // never used has v_empty 0, so it starts full as long as V >= burst: vOrigin
-// is above the largest burst (MaxRate x MaxBurstSeconds = 3.6e12), and V
-// stays below 2^64 for centuries at MaxRate.
+// is above the largest burst (MaxRate x MaxBurstSeconds = 1.44e13), and V
+// stays below 2^64 for over a century at MaxRate.
 const vOrigin = 1 << 44
 
 const nsPerSec = 1_000_000_000
@@ -105,7 +106,7 @@ func (d *Datapath) SetLimit(id uint32, l Limit) error {
 		d.limits = next
 		return nil
 	}
-	cls := buildClassifier(next, lastGen)
+	cls := buildClassifier(next, &d.state.cfg, lastGen)
 
 	if err := d.checkCapacity(cls); err != nil {
 		return fmt.Errorf("set limit %d: %w", id, err)
@@ -160,7 +161,7 @@ func (d *Datapath) Check(limits map[uint32]Limit) error {
 		}
 		set[id] = &installed{limit: l}
 	}
-	return d.checkCapacity(buildClassifier(set, 0))
+	return d.checkCapacity(buildClassifier(set, nil, 0))
 }
 
 // DeleteLimit removes a limit: its classifier entries, its buckets and its
@@ -176,7 +177,7 @@ func (d *Datapath) DeleteLimit(id uint32) error {
 			next[k] = v
 		}
 	}
-	cls := buildClassifier(next, d.state.cfg.LastGen)
+	cls := buildClassifier(next, &d.state.cfg, d.state.cfg.LastGen)
 	if err := d.apply(d.state, cls); err != nil {
 		return fmt.Errorf("delete limit %d: %w", id, err)
 	}
@@ -290,12 +291,14 @@ func (d *Datapath) purgeBuckets(id, gen uint32) error {
 	return nil
 }
 
-// adopt reads the state of maps that were already pinned.
+// adopt reads the state of maps that were already pinned, and puts right
+// what an older version left (port entries without their class's port-less
+// limits; no hash seed). Only a writer adopts: readers use load.
 func (d *Datapath) adopt() error {
-	cls, err := d.readClassifier()
-	if err != nil {
+	if err := d.load(); err != nil {
 		return err
 	}
+	cls := d.state
 	if cls.unfolded {
 		// Port entries without their class's port-less limits: the data
 		// path would miss those limits on packets with ports.
@@ -305,6 +308,31 @@ func (d *Datapath) adopt() error {
 			return fmt.Errorf("rewrite port table: %w", err)
 		}
 		cls = &folded
+	}
+	if cls.cfg.Seed == [2]uint64{} {
+		// New maps: key the hash of the keyed buckets. Kept in the pinned
+		// config, so that a restarted agent finds the same cache sets.
+		var b [16]byte
+		if _, err := rand.Read(b[:]); err != nil {
+			return fmt.Errorf("hash seed: %w", err)
+		}
+		next := *cls
+		next.cfg.Seed = [2]uint64{binary.LittleEndian.Uint64(b[:8]), binary.LittleEndian.Uint64(b[8:])}
+		if err := d.objs.RlCfg.Put(uint32(0), &next.cfg); err != nil {
+			return fmt.Errorf("write hash seed: %w", err)
+		}
+		cls = &next
+	}
+	d.state = cls
+	return nil
+}
+
+// load reads the state of the maps (pinned or new) into d: the classifier
+// and the limits. It writes nothing.
+func (d *Datapath) load() error {
+	cls, err := d.readClassifier()
+	if err != nil {
+		return err
 	}
 	d.state = cls
 	var (

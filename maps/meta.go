@@ -1,12 +1,8 @@
 package maps
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
-	"reflect"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -26,6 +22,11 @@ type Meta struct {
 	Observed    time.Time // when the count was last confirmed; zero if never
 	Stale       bool      // the count source failed on its last read
 
+	// State says whether the limit is enforced as configured, clamped to
+	// the data path's range, or not enforced at all; Note says why.
+	State MetaState
+	Note  string
+
 	// Counters at the agent's last snapshot: status divides the growth
 	// since then by the time since then.
 	SnapAt       time.Time
@@ -34,7 +35,35 @@ type Meta struct {
 	SnapShadow   uint64
 }
 
-const maxName = len(bpf.RatelimitRlLimitMeta{}.Name)
+// MetaState is what became of a limit the agent was asked to enforce.
+type MetaState uint8
+
+const (
+	// Applied: enforced at its share.
+	Applied = MetaState(bpf.RatelimitRlMetaStateRL_META_APPLIED)
+	// Clamped: enforced, with its share clamped to the data path's range.
+	Clamped = MetaState(bpf.RatelimitRlMetaStateRL_META_CLAMPED)
+	// Rejected: not enforced, because it does not fit the data path.
+	Rejected = MetaState(bpf.RatelimitRlMetaStateRL_META_REJECTED)
+)
+
+// String names the state as status prints it.
+func (s MetaState) String() string {
+	switch s {
+	case Applied:
+		return "applied"
+	case Clamped:
+		return "clamped"
+	case Rejected:
+		return "rejected"
+	}
+	return fmt.Sprintf("state(%d)", uint8(s))
+}
+
+const (
+	maxName = len(bpf.RatelimitRlLimitMeta{}.Name)
+	maxNote = len(bpf.RatelimitRlLimitMeta{}.Note)
+)
 
 // SetMeta records m for the limit with this id.
 func (d *Datapath) SetMeta(id uint32, m Meta) error {
@@ -54,6 +83,14 @@ func (d *Datapath) SetMeta(id uint32, m Meta) error {
 	if m.Stale {
 		v.Stale = 1
 	}
+	v.State = uint8(m.State)
+	note := m.Note
+	if len(note) >= maxNote {
+		note = note[:maxNote-4] + "..."
+	}
+	for i := range len(note) {
+		v.Note[i] = int8(note[i])
+	}
 	v.SnapUnixNs = unixNano(m.SnapAt)
 	v.SnapAdmitted = m.SnapAdmitted
 	v.SnapDropped = m.SnapDropped
@@ -70,15 +107,8 @@ func (d *Datapath) Meta(id uint32) (Meta, error) {
 	if err := d.objs.RlMeta.Lookup(id, &v); err != nil {
 		return Meta{}, fmt.Errorf("meta of limit %d: %w", id, err)
 	}
-	name := make([]byte, 0, maxName)
-	for _, c := range v.Name {
-		if c == 0 {
-			break
-		}
-		name = append(name, byte(c))
-	}
 	return Meta{
-		Name:         string(bytes.Clone(name)),
+		Name:         cString(v.Name[:]),
 		GlobalRate:   v.GlobalRate,
 		GlobalBurst:  v.GlobalBurst,
 		Scope:        v.Scope,
@@ -86,11 +116,24 @@ func (d *Datapath) Meta(id uint32) (Meta, error) {
 		Local:        v.Local,
 		Observed:     fromUnixNano(v.ObservedUnixNs),
 		Stale:        v.Stale != 0,
+		State:        MetaState(v.State),
+		Note:         cString(v.Note[:]),
 		SnapAt:       fromUnixNano(v.SnapUnixNs),
 		SnapAdmitted: v.SnapAdmitted,
 		SnapDropped:  v.SnapDropped,
 		SnapShadow:   v.SnapShadow,
 	}, nil
+}
+
+func cString(b []int8) string {
+	out := make([]byte, 0, len(b))
+	for _, c := range b {
+		if c == 0 {
+			break
+		}
+		out = append(out, byte(c))
+	}
+	return string(out)
 }
 
 func unixNano(t time.Time) int64 {
@@ -105,53 +148,6 @@ func fromUnixNano(ns int64) time.Time {
 		return time.Time{}
 	}
 	return time.Unix(0, ns)
-}
-
-// ErrNotPinned means there are no pinned maps in the directory.
-var ErrNotPinned = errors.New("no pinned data path")
-
-// OpenPinned opens the maps pinned in dir without loading any program, for
-// reading (status) or for removing the pins (cleanup). The result has no
-// program: Now, SetLimit and Buckets' token counts are not available.
-func OpenPinned(dir string) (*Datapath, error) {
-	if _, err := os.Stat(filepath.Join(dir, bpf.RatelimitMapRlLimits)); err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Errorf("open %s: %w", dir, ErrNotPinned)
-		}
-		return nil, fmt.Errorf("open %s: %w", dir, err)
-	}
-	d := &Datapath{opts: Options{PinDir: dir}, limits: make(map[uint32]*installed)}
-	// Each field of RatelimitMaps names its map in its ebpf tag.
-	v := reflect.ValueOf(&d.objs.RatelimitMaps).Elem()
-	for i := range v.NumField() {
-		name := v.Type().Field(i).Tag.Get("ebpf")
-		m, err := ebpf.LoadPinnedMap(filepath.Join(dir, name), nil)
-		if err != nil {
-			d.objs.RatelimitMaps.Close()
-			return nil, fmt.Errorf("open pinned map %s: %w", name, err)
-		}
-		v.Field(i).Set(reflect.ValueOf(m))
-	}
-	if err := d.adopt(); err != nil {
-		d.objs.RatelimitMaps.Close()
-		return nil, err
-	}
-	return d, nil
-}
-
-// Unpin removes the pinned maps of a data path opened with PinDir or
-// OpenPinned. The maps live on while a program or a descriptor uses them.
-func (d *Datapath) Unpin() error {
-	var errs []error
-	v := reflect.ValueOf(&d.objs.RatelimitMaps).Elem()
-	for i := range v.NumField() {
-		if m, ok := v.Field(i).Interface().(*ebpf.Map); ok && m != nil && m.IsPinned() {
-			if err := m.Unpin(); err != nil {
-				errs = append(errs, err)
-			}
-		}
-	}
-	return errors.Join(errs...)
 }
 
 // KeyCounts counts the live buckets of every keyed limit.
@@ -193,4 +189,25 @@ func (d *Datapath) KeyCounts() (map[uint32]int, error) {
 		return nil, fmt.Errorf("count buckets: %w", err)
 	}
 	return out, nil
+}
+
+// MetaIDs lists, in order, the ids whose metadata names a limit: the
+// limits that are set and those the agent records without an entry (a
+// limit it could not apply). IDs lists only the first kind.
+func (d *Datapath) MetaIDs() ([]uint32, error) {
+	var (
+		ids []uint32
+		id  uint32
+		v   bpf.RatelimitRlLimitMeta
+	)
+	it := d.objs.RlMeta.Iterate()
+	for it.Next(&id, &v) {
+		if v.Name[0] != 0 {
+			ids = append(ids, id)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("list limit meta: %w", err)
+	}
+	return sortedIDs(ids), nil
 }

@@ -46,9 +46,25 @@ func (d *Datapath) Stats(id uint32) (Stats, error) {
 
 // GlobalStats are counters that belong to no limit, summed over CPUs.
 type GlobalStats struct {
-	MatchOverflow  uint64 // packets matching more than MaxMatch limits
-	LeaseContended uint64
-	PoolFull       uint64 // new keys that found no room: passed unlimited
+	MatchOverflow  uint64 `json:"matchOverflow"` // packets matching more than MaxMatch limits
+	LeaseContended uint64 `json:"leaseContended"`
+	PoolFull       uint64 `json:"poolFull"` // new keys that found no room: passed unlimited
+	// L4Unknown counts IP packets whose transport header could not be
+	// found (charged to every limit that could match them).
+	L4Unknown uint64 `json:"l4Unknown"`
+	// FailClosed counts packets dropped because they matched a drop limit
+	// beyond the MaxMatch the data path checks on one packet.
+	FailClosed uint64 `json:"failClosed"`
+	// Protected counts packets a protect rule passed before any limit.
+	Protected uint64 `json:"protected"`
+	// FragFirst counts first fragments recorded for their datagram's
+	// later fragments; FragUnseen later fragments whose first was not seen
+	// (L4-unknown).
+	FragFirst  uint64 `json:"fragFirst"`
+	FragUnseen uint64 `json:"fragUnseen"`
+	// CacheBypass counts keyed checks that drew from the shared pool
+	// directly: the packet already held both ways of the bucket's cache set.
+	CacheBypass uint64 `json:"cacheBypass"`
 }
 
 // GlobalStats reads the counters that belong to no limit.
@@ -62,6 +78,12 @@ func (d *Datapath) GlobalStats() (GlobalStats, error) {
 		g.MatchOverflow += c.MatchOverflow
 		g.LeaseContended += c.LeaseContended
 		g.PoolFull += c.PoolFull
+		g.L4Unknown += c.L4Unknown
+		g.FailClosed += c.FailClosed
+		g.Protected += c.ProtectedPackets
+		g.FragFirst += c.FragFirst
+		g.FragUnseen += c.FragUnseen
+		g.CacheBypass += c.CacheBypass
 	}
 	return g, nil
 }
@@ -72,8 +94,9 @@ type Bucket struct {
 	Prefix int        // src-prefix keys: the prefix length
 	Port   uint16     // dst-port keys
 	// dst-port keys: the protocol class of the bucket (TCP, UDP, ICMP, or
-	// AnyProtocol for other protocols). Packets without a port (ICMP, other
-	// protocols, non-first fragments) share one bucket per class, Port 0.
+	// AnyProtocol for other and unknown protocols). Packets without a port
+	// (ICMP, other protocols, L4-unknown packets) share one bucket per
+	// class, Port 0.
 	Protocol Protocol
 	// Tokens in the shared pool now; tokens leased to CPU caches (at most
 	// a chunk per CPU) are not included.

@@ -19,15 +19,17 @@
 enum rl_const {
 	RL_MAX_LIMITS = 128,	/* limit ids are 0..RL_MAX_LIMITS-1 */
 	RL_MASK_WORDS = RL_MAX_LIMITS / 64,
-	RL_MAX_MATCH = 8,	/* limits enforced on one packet; more are counted in match_overflow */
+	RL_MAX_MATCH = 16,	/* limits enforced on one packet; beyond, a drop limit fails closed */
 	RL_PORT_SPACE = 65536,
 	RL_KEY_CACHE_SETS = 4096, /* sets of the per-CPU cache of keyed buckets; power of two */
 	RL_KEY_CACHE_WAYS = 2,	/* buckets per set */
 	RL_CAS_TRIES = 4,	/* lease attempts on a contended pool before the packet is rejected */
 	RL_STALE_NS = 10000000,	/* a lease older than this hands its remainder back on the next lease */
-	RL_MAX_RATE = 1000000000, /* units/s; keeps the fixed-point products below 2^64 */
+	RL_MAX_RATE = 4000000000U, /* units/s (32 Gbit/s in bytes); keeps the fixed-point products below 2^64 */
 	RL_MAX_BURST_SECONDS = 3600, /* burst / rate; idem */
 	RL_NO_SLOT = 0xffffffff,
+	RL_MAX_PROTECT = 32,	/* protect rules: one bit each in a __u32 */
+	RL_PROTECT_SIDE = 2 * 65536, /* rl_protect_ports: local ports, then remote ports */
 };
 
 /* What happens to a packet that finds its bucket empty. */
@@ -56,8 +58,14 @@ enum rl_proto_class {
 	RL_PROTO_TCP = 0,
 	RL_PROTO_UDP = 1,
 	RL_PROTO_ICMP = 2,	/* ICMP and ICMPv6 */
-	RL_PROTO_OTHER = 3,	/* any other protocol, and packets whose L4 header is not there */
-	RL_PROTO_CLASSES = 4,
+	RL_PROTO_OTHER = 3,	/* any other protocol */
+	RL_PROTO_UNKNOWN = 4,	/* the protocol could not be found (see parse.h) */
+	RL_PROTO_CLASSES = 5,
+	/* rl_proto_any is indexed by class, for the class's limits that restrict
+	 * no port, and by RL_PROTO_CLASSES + class, for every limit of the class
+	 * whatever its ports: the limits an L4-unknown packet of that class
+	 * could match. Both entries of RL_PROTO_UNKNOWN hold every limit. */
+	RL_PROTO_ANY_ENTRIES = 2 * RL_PROTO_CLASSES,
 };
 
 enum rl_direction {
@@ -124,6 +132,37 @@ struct rl_config {
 	struct rl_mask dst_cidr;	/* limits restricted to destination CIDRs */
 	__u32 last_gen;		/* user space: the last limit generation handed out */
 	__u32 pad;
+	/* Limits with action drop: a packet matching more limits than
+	 * RL_MAX_MATCH is dropped if one it was not checked against is one. */
+	struct rl_mask drop;
+	/* Protect rules (bit i: rule i); see rl_protected. */
+	__u32 protect_rules;	/* rules in use; 0: nothing is protected */
+	__u32 protect_portless;	/* rules that name no port */
+	__u32 protect_peers;	/* rules restricted to peer prefixes */
+	__u32 pad2;
+	/* Key of the keyed buckets' hash: random, kept with the pins so that a
+	 * restarted agent's program finds the same cache sets and tombstones. */
+	__u64 seed[2];
+};
+
+/* A datagram whose first fragment was seen. */
+struct rl_frag_key {
+	__u32 src[4];
+	__u32 dst[4];
+	__u32 id;		/* IPv4 identification, or the IPv6 fragment header's */
+	__u8 proto;		/* IPv4 protocol; 0 for IPv6 (not part of its identity) */
+	__u8 family;
+	__u16 pad;
+};
+
+/* The transport fields of the datagram's first fragment. */
+struct rl_frag_info {
+	__u16 sport;
+	__u16 dport;
+	__u8 pclass;
+	__u8 has_ports;
+	__u8 l4_unknown;
+	__u8 pad;
 };
 
 struct rl_lpm4 {
@@ -194,6 +233,12 @@ struct rl_global_stats {
 	__u64 match_overflow;	/* packets that matched more than RL_MAX_MATCH limits */
 	__u64 lease_contended;	/* leases that gave up after RL_CAS_TRIES */
 	__u64 pool_full;	/* new keys that found no room in the pool map */
+	__u64 l4_unknown;	/* IP packets whose transport header could not be found */
+	__u64 fail_closed;	/* dropped: matched a drop limit beyond RL_MAX_MATCH */
+	__u64 protected_packets; /* passed by a protect rule before classification */
+	__u64 frag_first;	/* first fragments recorded for their later fragments */
+	__u64 frag_unseen;	/* later fragments whose first fragment was not seen */
+	__u64 cache_bypass;	/* keyed checks that found both ways of their set taken by the same packet */
 };
 
 /* What the agent knows of a limit, for `rlagent status` to read from the
@@ -207,12 +252,23 @@ struct rl_limit_meta {
 	__s64 observed_unix_ns;	/* when the count was last confirmed; 0: never */
 	__u8 scope;		/* 0 static, 1 file, 2 nodes, 3 service */
 	__u8 stale;		/* the count source failed on its last read */
-	__u8 pad[6];
+	__u8 state;		/* enum rl_meta_state */
+	__u8 pad[5];
 	/* Counters at the agent's last snapshot, for per-second rates. */
 	__s64 snap_unix_ns;
 	__u64 snap_admitted;
 	__u64 snap_dropped;
 	__u64 snap_shadow;
+	/* Why the limit is clamped or not applied (enum rl_meta_state); empty
+	 * when it is applied as configured. NUL-terminated. */
+	char note[128];
+};
+
+/* What became of a limit the agent was asked to enforce. */
+enum rl_meta_state {
+	RL_META_APPLIED = 0,	/* enforced at its share */
+	RL_META_CLAMPED = 1,	/* enforced, its share clamped to the data path's range */
+	RL_META_REJECTED = 2,	/* not enforced: it does not fit (note says why) */
 };
 
 struct rl_test_clock {

@@ -28,10 +28,12 @@ struct {
 } rl_cfg SEC(".maps");
 
 /* enum rl_proto_class -> limits matching every packet of that class (no port
- * restriction). ARRAY: inlined lookup. */
+ * restriction); RL_PROTO_CLASSES + class -> every limit of the class, for
+ * packets whose ports are unknown (see RL_PROTO_ANY_ENTRIES). ARRAY: inlined
+ * lookup. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, RL_PROTO_CLASSES);
+	__uint(max_entries, RL_PROTO_ANY_ENTRIES);
 	__type(key, __u32);
 	__type(value, struct rl_mask);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
@@ -164,5 +166,51 @@ struct {
 	__type(value, struct rl_limit_meta);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } rl_meta SEC(".maps");
+
+/* Datagram (src, dst, id, protocol) -> transport fields of its first
+ * fragment, for its later fragments, which carry none. LRU_HASH: written only
+ * by first fragments, bounded; an entry evicted before its later fragments
+ * arrive makes them L4-unknown (charged to more limits, never to fewer).
+ * Shared by all CPUs: fragments of one datagram may arrive on different ones. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct rl_frag_key);
+	__type(value, struct rl_frag_info);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} rl_frags SEC(".maps");
+
+/* Protect rules by port: side x RL_PROTECT_SIDE + class x 65536 + port ->
+ * the rules (bit i: rule i) naming that local (side 0) or remote (side 1)
+ * TCP or UDP port. ARRAY: two inlined lookups per packet, and only while a
+ * rule is in use (rl_config.protect_rules). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 2 * RL_PROTECT_SIDE);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} rl_protect_ports SEC(".maps");
+
+/* Peer prefix -> the protect rules whose peer list covers it (user space ORs
+ * covering prefixes in, as for rl_src4). LPM_TRIE; consulted only when a
+ * candidate rule is restricted to peers. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 1024);
+	__type(key, struct rl_lpm4);
+	__type(value, __u32);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} rl_protect4 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 1024);
+	__type(key, struct rl_lpm6);
+	__type(value, __u32);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} rl_protect6 SEC(".maps");
 
 #endif /* RL_MAPS_H */

@@ -2,7 +2,25 @@
 /*
  * Packet parsing with cursor helpers. Each helper checks its own bounds and
  * returns the next protocol, or -1 when the packet is too short or not one we
- * read. A packet that does not parse is never limited: it passes untouched.
+ * read.
+ *
+ * NOTE: what a packet is to the classifier.
+ * - Not IP (another ethertype), or an IP header the kernel would drop (cut
+ *   short, a bad version or header length): parse_packet returns -1 and the
+ *   packet passes untouched. The kernel delivers none of these to a socket.
+ * - IP whose transport header cannot be found: "L4-unknown" (l4_unknown = 1).
+ *   That is an IPv6 extension-header chain longer than RL_MAX_EXTHDRS or with
+ *   a header this parser does not walk (RFC 7045 says such headers may be
+ *   followed by TCP or UDP), a TCP or UDP header cut short by the frame or by
+ *   the IP length (a tiny first fragment, RFC 1858 / 3128 / 7112), an IPv4
+ *   TCP fragment at offset 1 (it can rewrite the TCP header, RFC 1858), a
+ *   later fragment whose first fragment was not seen (see frag.h), and a frame
+ *   with more VLAN tags than RL_MAX_VLAN (then even the addresses are unknown:
+ *   family 0). The classifier charges an L4-unknown packet to every limit
+ *   whose match could include it, never to none.
+ * - A later fragment whose first fragment was seen takes that fragment's
+ *   transport fields (frag.h): every fragment of a datagram is charged to the
+ *   limits the datagram matches.
  */
 #ifndef RL_PARSE_H
 #define RL_PARSE_H
@@ -15,12 +33,15 @@
 #include <linux/udp.h>
 #include "common.h"
 
-#define RL_MAX_VLAN 2		/* 802.1ad outer + 802.1Q inner */
-#define RL_MAX_EXTHDRS 6	/* IPv6 extension headers followed before giving up */
+#define RL_MAX_VLAN 4		/* tags walked; more make the frame L4-unknown, family 0 */
+#define RL_MAX_EXTHDRS 8	/* IPv6 extension headers walked; more make the packet L4-unknown */
 
 #ifndef ETH_P_8021AD
 #define ETH_P_8021AD 0x88A8
 #endif
+
+#define RL_IP_MF 0x2000		/* IPv4 more fragments */
+#define RL_IP_OFFSET 0x1fff	/* IPv4 fragment offset, 8-byte units */
 
 struct cursor {
 	void *pos;
@@ -31,18 +52,37 @@ struct vlan_hdr {
 	__be16 encap_proto;
 };
 
+enum rl_frag {
+	RL_FRAG_NONE = 0,	/* a whole datagram */
+	RL_FRAG_FIRST = 1,	/* offset 0, more to come: carries the transport header */
+	RL_FRAG_LATER = 2,	/* offset > 0: no transport header */
+};
+
 /* What the classifier needs of a packet. Addresses are 128-bit, IPv4 mapped
  * as ::ffff:a.b.c.d, in network byte order. */
 struct pkt {
 	__u32 src[4];
 	__u32 dst[4];
 	__u32 len;		/* frame length */
-	__u16 dport;		/* host byte order; valid when has_ports */
+	__u32 frag_id;		/* fragments: the IP identification */
+	__u16 sport;		/* host byte order; valid when has_ports */
+	__u16 dport;
 	__u8 pclass;		/* enum rl_proto_class */
-	__u8 family;		/* 4 or 6 */
+	__u8 family;		/* 4 or 6; 0 when the IP header was not reached */
 	__u8 has_ports;
+	__u8 l4_unknown;	/* the transport header could not be found */
+	__u8 frag;		/* enum rl_frag */
+	__u8 proto;		/* IP protocol number (of the transport header) */
+	__u8 pad[2];
 };
 
+static __always_inline bool parse_is_vlan(__u16 proto)
+{
+	return proto == bpf_htons(ETH_P_8021Q) || proto == bpf_htons(ETH_P_8021AD);
+}
+
+/* Returns the ethertype after the VLAN tags, -1 if the frame is too short,
+ * or 0 if it has more tags than RL_MAX_VLAN. */
 static __always_inline int parse_eth(struct cursor *c, void *end)
 {
 	struct ethhdr *eth = c->pos;
@@ -57,30 +97,36 @@ static __always_inline int parse_eth(struct cursor *c, void *end)
 	for (int i = 0; i < RL_MAX_VLAN; i++) {
 		struct vlan_hdr *vh = c->pos;
 
-		if (proto != bpf_htons(ETH_P_8021Q) && proto != bpf_htons(ETH_P_8021AD))
+		if (!parse_is_vlan(proto))
 			break;
 		if ((void *)(vh + 1) > end)
 			return -1;
 		c->pos = vh + 1;
 		proto = vh->encap_proto;
 	}
+	if (parse_is_vlan(proto))
+		return 0;
 	return bpf_ntohs(proto);
 }
 
-/* Returns the L4 protocol. *l4 is false for a non-first fragment, which has no
- * L4 header. */
-static __always_inline int parse_ipv4(struct cursor *c, void *end, struct pkt *p, bool *l4)
+/* Returns the L4 protocol. *l3_end is where the IP datagram ends (its total
+ * length), as an offset from data. */
+static __always_inline int parse_ipv4(struct cursor *c, void *data, void *end, struct pkt *p,
+				      __u32 *l3_end)
 {
 	struct iphdr *ip = c->pos;
-	__u32 hlen;
+	__u32 hlen, tot;
+	__u16 frag;
 
 	if ((void *)(ip + 1) > end)
 		return -1;
 	hlen = ip->ihl * 4;
-	if (ip->version != 4 || hlen < sizeof(*ip))
+	tot = bpf_ntohs(ip->tot_len);
+	if (ip->version != 4 || hlen < sizeof(*ip) || tot < hlen)
 		return -1;
 	if (c->pos + hlen > end)
 		return -1;
+	*l3_end = (c->pos - data) + tot;
 	c->pos += hlen;
 
 	p->family = 4;
@@ -88,7 +134,16 @@ static __always_inline int parse_ipv4(struct cursor *c, void *end, struct pkt *p
 	p->src[3] = ip->saddr;
 	p->dst[2] = bpf_htonl(0xffff);
 	p->dst[3] = ip->daddr;
-	*l4 = !(ip->frag_off & bpf_htons(0x1fff));
+	p->frag_id = ip->id;
+	frag = bpf_ntohs(ip->frag_off);
+	if (frag & RL_IP_OFFSET) {
+		p->frag = RL_FRAG_LATER;
+		/* Offset 1 overlaps bytes 8-15 of a TCP header (the flags). */
+		if ((frag & RL_IP_OFFSET) == 1 && ip->protocol == IPPROTO_TCP)
+			p->l4_unknown = 1;
+	} else if (frag & RL_IP_MF) {
+		p->frag = RL_FRAG_FIRST;
+	}
 	return ip->protocol;
 }
 
@@ -96,11 +151,16 @@ struct ipv6_exthdr {
 	__u8 nexthdr;
 	__u8 hdrlen;
 	__be16 frag_off;	/* fragment header only */
+	__be32 id;		/* fragment header only */
 };
 
-static __always_inline int parse_ipv6(struct cursor *c, void *end, struct pkt *p, bool *l4)
+/* Returns the L4 protocol, or 0 (with l4_unknown set) when the chain is too
+ * long, cut short, or holds a header that is not walked. */
+static __always_inline int parse_ipv6(struct cursor *c, void *data, void *end, struct pkt *p,
+				      __u32 *l3_end)
 {
 	struct ipv6hdr *ip6 = c->pos;
+	__u32 plen;
 	int nexthdr;
 
 	if ((void *)(ip6 + 1) > end)
@@ -108,11 +168,13 @@ static __always_inline int parse_ipv6(struct cursor *c, void *end, struct pkt *p
 	if (ip6->version != 6)
 		return -1;
 	c->pos = ip6 + 1;
+	plen = bpf_ntohs(ip6->payload_len);
+	/* 0 is a jumbogram (RFC 2675): bounded by the frame only. */
+	*l3_end = plen ? (c->pos - data) + plen : ~0U;
 
 	p->family = 6;
 	__builtin_memcpy(p->src, &ip6->saddr, sizeof(p->src));
 	__builtin_memcpy(p->dst, &ip6->daddr, sizeof(p->dst));
-	*l4 = true;
 	nexthdr = ip6->nexthdr;
 
 #pragma unroll
@@ -123,99 +185,135 @@ static __always_inline int parse_ipv6(struct cursor *c, void *end, struct pkt *p
 		case IPPROTO_HOPOPTS:
 		case IPPROTO_ROUTING:
 		case IPPROTO_DSTOPTS:
-			if ((void *)(h + 1) > end)
-				return -1;
+			if (c->pos + 2 > end)
+				goto unknown;
 			nexthdr = h->nexthdr;
 			c->pos += (h->hdrlen + 1) * 8;
 			break;
 		case IPPROTO_AH:
-			if ((void *)(h + 1) > end)
-				return -1;
+			if (c->pos + 2 > end)
+				goto unknown;
 			nexthdr = h->nexthdr;
 			c->pos += (h->hdrlen + 2) * 4;
 			break;
-		case IPPROTO_FRAGMENT:
+		case IPPROTO_FRAGMENT: {
+			__u16 off;
+
 			/* 8 bytes: nexthdr, reserved, offset|flags, identification */
-			if (c->pos + 8 > end)
-				return -1;
+			if ((void *)(h + 1) > end)
+				goto unknown;
 			nexthdr = h->nexthdr;
-			if (h->frag_off & bpf_htons(0xfff8))
-				*l4 = false;
+			off = bpf_ntohs(h->frag_off);
+			if (off & 0xfff8)
+				p->frag = RL_FRAG_LATER;
+			else if (off & 1)
+				p->frag = RL_FRAG_FIRST;
+			/* else an atomic fragment (RFC 6946): a whole datagram */
+			p->frag_id = h->id;
 			c->pos += 8;
 			break;
+		}
+		case 135:	/* mobility */
+		case 139:	/* HIP */
+		case 140:	/* shim6 */
+		case 253:	/* experiments (RFC 3692) */
+		case 254:
+			/* Extension headers this parser does not walk. */
+			goto unknown;
 		default:
 			return nexthdr;
 		}
+		if (p->frag == RL_FRAG_LATER)
+			return nexthdr;	/* what follows is payload, not a header */
 	}
-	/* The last header followed may be followed by a seventh: not parsed. */
+	/* The chain goes on past RL_MAX_EXTHDRS headers. */
 	switch (nexthdr) {
 	case IPPROTO_HOPOPTS:
 	case IPPROTO_ROUTING:
 	case IPPROTO_DSTOPTS:
 	case IPPROTO_AH:
 	case IPPROTO_FRAGMENT:
-		return -1;
+	case 135:
+	case 139:
+	case 140:
+	case 253:
+	case 254:
+		goto unknown;
 	}
 	return nexthdr;
+unknown:
+	p->l4_unknown = 1;
+	return 0;
 }
 
-/* Fills p from the packet. Returns 0, or -1 when the packet is not parsed
- * (too short at some header, not IP, or unreadable), in which case it must be
- * passed untouched. */
+/* The transport header's fields, for a packet that carries one. Sets
+ * l4_unknown if the header is cut short by the frame or by the IP length. */
+static __always_inline void parse_l4(struct cursor *c, void *data, void *end, struct pkt *p,
+				     __u32 l3_end)
+{
+	__u32 off = c->pos - data;
+	struct udphdr *uh = c->pos;	/* TCP ports sit where UDP's do */
+	__u32 need;
+
+	switch (p->proto) {
+	case IPPROTO_TCP:
+		p->pclass = RL_PROTO_TCP;
+		need = sizeof(struct tcphdr);
+		break;
+	case IPPROTO_UDP:
+		p->pclass = RL_PROTO_UDP;
+		need = sizeof(struct udphdr);
+		break;
+	case IPPROTO_ICMP:
+	case IPPROTO_ICMPV6:
+		p->pclass = RL_PROTO_ICMP;
+		return;
+	default:
+		p->pclass = RL_PROTO_OTHER;
+		return;
+	}
+	if (p->frag == RL_FRAG_LATER)
+		return;	/* no header here: frag.h finds the datagram's */
+	if (c->pos + need > end || off + need > l3_end) {
+		p->l4_unknown = 1;
+		return;
+	}
+	p->sport = bpf_ntohs(uh->source);
+	p->dport = bpf_ntohs(uh->dest);
+	p->has_ports = 1;
+}
+
+/* Fills p from the packet. Returns 0, or -1 when the packet is not IP or its
+ * IP header is one the kernel drops, in which case it passes untouched. */
 static __always_inline int parse_packet(void *data, void *end, struct pkt *p)
 {
 	struct cursor c = { .pos = data };
-	bool l4 = false;
+	__u32 l3_end = 0;
 	int proto;
 
 	p->len = end - data;
 	proto = parse_eth(&c, end);
+	if (proto == 0) {
+		/* More VLAN tags than walked: neither addresses nor ports. */
+		p->pclass = RL_PROTO_UNKNOWN;
+		p->l4_unknown = 1;
+		return 0;
+	}
 	if (proto == ETH_P_IP)
-		proto = parse_ipv4(&c, end, p, &l4);
+		proto = parse_ipv4(&c, data, end, p, &l3_end);
 	else if (proto == ETH_P_IPV6)
-		proto = parse_ipv6(&c, end, p, &l4);
+		proto = parse_ipv6(&c, data, end, p, &l3_end);
 	else
 		return -1;
 	if (proto < 0)
 		return -1;
-
-	/* A non-first fragment keeps its protocol class but has no ports: limits
-	 * on ports do not match it, limits on the protocol alone do. */
-	switch (proto) {
-	case IPPROTO_TCP: {
-		struct tcphdr *th = c.pos;
-
-		p->pclass = RL_PROTO_TCP;
-		if (!l4)
-			break;
-		if ((void *)(th + 1) > end)
-			return -1;
-		p->dport = bpf_ntohs(th->dest);
-		p->has_ports = 1;
-		break;
+	if (p->l4_unknown && proto == 0) {
+		/* The IPv6 chain hid the protocol. */
+		p->pclass = RL_PROTO_UNKNOWN;
+		return 0;
 	}
-	case IPPROTO_UDP: {
-		struct udphdr *uh = c.pos;
-
-		p->pclass = RL_PROTO_UDP;
-		if (!l4)
-			break;
-		if ((void *)(uh + 1) > end)
-			return -1;
-		p->dport = bpf_ntohs(uh->dest);
-		p->has_ports = 1;
-		break;
-	}
-	case IPPROTO_ICMP:
-	case IPPROTO_ICMPV6:
-		p->pclass = RL_PROTO_ICMP;
-		/* type, code, checksum and 4 bytes of rest-of-header */
-		if (l4 && c.pos + 8 > end)
-			return -1;
-		break;
-	default:
-		p->pclass = RL_PROTO_OTHER;
-	}
+	p->proto = proto;
+	parse_l4(&c, data, end, p, l3_end);
 	return 0;
 }
 

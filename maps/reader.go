@@ -1,0 +1,114 @@
+package maps
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/rlagent/rlagent/bpf"
+)
+
+// Reader is a read-only view of a data path's maps, for `rlagent status`,
+// the metrics and any other reader. It has no method that writes, and the
+// Reader of OpenPinned holds read-only descriptors (BPF_F_RDONLY): the kernel
+// refuses a write through them, whatever the caller does.
+type Reader struct {
+	d   *Datapath
+	own bool // Close closes d
+}
+
+// Reader returns a read-only view of d, valid while d is open.
+func (d *Datapath) Reader() *Reader { return &Reader{d: d} }
+
+// ErrNotPinned means there are no pinned maps in the directory.
+var ErrNotPinned = errors.New("no pinned data path")
+
+// mapNames are the pin names of the data path's maps, from the ebpf tags of
+// the generated struct.
+func mapNames() []string {
+	t := reflect.TypeFor[bpf.RatelimitMaps]()
+	names := make([]string, 0, t.NumField())
+	for i := range t.NumField() {
+		if name := t.Field(i).Tag.Get("ebpf"); name != "" {
+			names = append(names, name)
+		}
+	}
+	return names
+}
+
+// OpenPinned opens the maps pinned in dir for reading, without loading any
+// program and without writing anything, even what an agent would put right
+// on adopting them. It works while the agent is down.
+func OpenPinned(dir string) (*Reader, error) {
+	if _, err := os.Stat(filepath.Join(dir, bpf.RatelimitMapRlLimits)); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("open %s: %w", dir, ErrNotPinned)
+		}
+		return nil, fmt.Errorf("open %s: %w", dir, err)
+	}
+	d := &Datapath{opts: Options{PinDir: dir}, limits: make(map[uint32]*installed)}
+	v := reflect.ValueOf(&d.objs.RatelimitMaps).Elem()
+	for i := range v.NumField() {
+		name := v.Type().Field(i).Tag.Get("ebpf")
+		m, err := ebpf.LoadPinnedMap(filepath.Join(dir, name), &ebpf.LoadPinOptions{ReadOnly: true})
+		if errors.Is(err, os.ErrNotExist) {
+			// A map this version has and the pinning agent's had not:
+			// left nil; readers of it report it missing.
+			continue
+		}
+		if err != nil {
+			d.objs.RatelimitMaps.Close()
+			return nil, fmt.Errorf("open pinned map %s: %w", name, err)
+		}
+		v.Field(i).Set(reflect.ValueOf(m))
+	}
+	if err := d.load(); err != nil {
+		d.objs.RatelimitMaps.Close()
+		return nil, fmt.Errorf("read pinned maps in %s: %w", dir, err)
+	}
+	return &Reader{d: d, own: true}, nil
+}
+
+// Close releases the descriptors of a Reader from OpenPinned. A view of a
+// Datapath (Datapath.Reader) leaves it open.
+func (r *Reader) Close() error {
+	if !r.own {
+		return nil
+	}
+	return r.d.objs.RatelimitMaps.Close()
+}
+
+// IDs lists the ids of the limits that are set.
+func (r *Reader) IDs() []uint32 { return r.d.IDs() }
+
+// Limit returns the limit with this id.
+func (r *Reader) Limit(id uint32) (Limit, error) { return r.d.Limit(id) }
+
+// Meta reads what the agent recorded for the limit with this id.
+func (r *Reader) Meta(id uint32) (Meta, error) { return r.d.Meta(id) }
+
+// Stats reads a limit's counters.
+func (r *Reader) Stats(id uint32) (Stats, error) { return r.d.Stats(id) }
+
+// GlobalStats reads the counters that belong to no limit.
+func (r *Reader) GlobalStats() (GlobalStats, error) { return r.d.GlobalStats() }
+
+// KeyCounts counts the live buckets of every keyed limit.
+func (r *Reader) KeyCounts() (map[uint32]int, error) { return r.d.KeyCounts() }
+
+// RemovePins removes the pinned maps in dir (rlagent cleanup). A map lives on
+// while a program or a descriptor uses it; links are removed by the caller
+// first. Missing pins are not an error.
+func RemovePins(dir string) error {
+	var errs []error
+	for _, name := range mapNames() {
+		if err := os.Remove(filepath.Join(dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
