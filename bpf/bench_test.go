@@ -41,6 +41,7 @@ package bpf_test
 // Limits use the default clock (jiffies), as in production.
 
 import (
+	_ "embed"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -356,37 +357,47 @@ func benchCase(b *testing.B, base *ebpf.Program, c xdpCase) {
 	for id, l := range c.limits {
 		mustSet(b, d, uint32(id), l)
 	}
+	rd, ref := loadReference(b, c.opts, c.limits)
 	pkt := benchPacket()
-	prog, cycledBase := d.Program(), base
+	prog, refProg, cycledBase := d.Program(), ref, base
 	if c.keys > 0 {
 		prog = cycler(b, d.Program(), c.keys)
+		refProg = cycler(b, ref, c.keys)
 		cycledBase = cycler(b, base, c.keys)
 	} else {
 		holdInDispatcher(b, prog)
+		holdInDispatcher(b, refProg)
 	}
 	// Warm-up: leases taken, every key's bucket created, the burst of an
 	// overloaded limit spent.
 	warm := max(1<<16, 2*int(c.keys))
 	mustRunNs(b, prog, pkt, warm, c.verdict)
+	mustRunNs(b, refProg, pkt, warm, c.verdict)
 	mustRunNs(b, cycledBase, pkt, warm, xdpPass)
 	b.ResetTimer()
 
 	n := perRound(b)
 	ns := make([]float64, rounds)
 	ratio := make([]float64, rounds)
+	vsRef := make([]float64, rounds)
 	for r := range rounds {
 		bns := mustRunNs(b, base, pkt, n, xdpPass)
 		cns := mustRunNs(b, prog, pkt, n, c.verdict)
+		rns := mustRunNs(b, refProg, pkt, n, c.verdict)
 		if c.keys > 0 {
 			// Take out what the cycler adds, measured in this round.
-			cns -= mustRunNs(b, cycledBase, pkt, n, xdpPass) - bns
+			cyc := mustRunNs(b, cycledBase, pkt, n, xdpPass) - bns
+			cns -= cyc
+			rns -= cyc
 		}
-		ns[r], ratio[r] = cns, cns/bns
+		ns[r], ratio[r], vsRef[r] = cns, cns/bns, cns/rns
 	}
 	b.StopTimer()
 	b.ReportMetric(median(ns), "ns/packet")
 	b.ReportMetric(median(ratio), "x-baseline")
+	b.ReportMetric(median(vsRef), "x-ref")
 	checkStats(b, d, c)
+	checkStats(b, rd, c)
 }
 
 // checkStats makes sure the case measured the path it claims to.
@@ -442,17 +453,21 @@ func benchTwoCPUs(b *testing.B, base *ebpf.Program, l maps.Limit, verdict int) {
 	}
 	d := newDatapath(b, maps.Options{})
 	mustSet(b, d, 0, l)
+	rd, ref := loadReference(b, maps.Options{}, []maps.Limit{l})
 	prog, pkt := d.Program(), benchPacket()
 	holdInDispatcher(b, prog)
-	for cpu := range 2 {
-		if _, err := runPinned(cpu, prog, pkt, 1<<16, verdict); err != nil {
-			b.Fatal(err)
+	holdInDispatcher(b, ref)
+	for _, p := range []*ebpf.Program{prog, ref} {
+		for cpu := range 2 {
+			if _, err := runPinned(cpu, p, pkt, 1<<16, verdict); err != nil {
+				b.Fatal(err)
+			}
 		}
 	}
 	b.ResetTimer()
 
 	n := perRound(b)
-	var ns, ratio, vsOne []float64
+	var ns, ratio, vsOne, vsRef []float64
 	for r := range rounds {
 		bns := mustRunNs(b, base, pkt, n, xdpPass)
 		// One thread alone, on each CPU in turn across rounds.
@@ -460,42 +475,80 @@ func benchTwoCPUs(b *testing.B, base *ebpf.Program, l maps.Limit, verdict int) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		var (
-			wg    sync.WaitGroup
-			start = make(chan struct{})
-			per   [2]float64
-			errs  [2]error
-		)
-		for cpu := range 2 {
-			wg.Go(func() {
-				unpin, err := pinThread(cpu)
-				if err != nil {
-					errs[cpu] = err
-					<-start
-					return
-				}
-				defer unpin()
-				<-start
-				per[cpu], errs[cpu] = runNs(prog, pkt, n, verdict)
-			})
+		two, err := twoThreads(prog, pkt, n, verdict)
+		if err != nil {
+			b.Fatal(err)
 		}
-		close(start)
-		wg.Wait()
-		for _, err := range errs {
-			if err != nil {
-				b.Fatal(err)
-			}
+		twoRef, err := twoThreads(ref, pkt, n, verdict)
+		if err != nil {
+			b.Fatal(err)
 		}
-		two := (per[0] + per[1]) / 2
 		ns = append(ns, two)
 		ratio = append(ratio, two/bns)
 		vsOne = append(vsOne, two/one)
+		vsRef = append(vsRef, two/twoRef)
 	}
 	b.StopTimer()
 	b.ReportMetric(median(ns), "ns/packet")
 	b.ReportMetric(median(ratio), "x-baseline")
 	b.ReportMetric(median(vsOne), "x-1cpu")
+	b.ReportMetric(median(vsRef), "x-ref")
 	checkStats(b, d, xdpCase{verdict: verdict})
+	checkStats(b, rd, xdpCase{verdict: verdict})
+}
+
+// twoThreads runs prog on CPU 0 and CPU 1 at once, n packets each, and
+// returns the mean ns/packet of the two threads.
+func twoThreads(prog *ebpf.Program, pkt []byte, n, verdict int) (float64, error) {
+	var (
+		wg    sync.WaitGroup
+		start = make(chan struct{})
+		per   [2]float64
+		errs  [2]error
+	)
+	for cpu := range 2 {
+		wg.Go(func() {
+			unpin, err := pinThread(cpu)
+			if err != nil {
+				errs[cpu] = err
+				<-start
+				return
+			}
+			defer unpin()
+			<-start
+			per[cpu], errs[cpu] = runNs(prog, pkt, n, verdict)
+		})
+	}
+	close(start)
+	wg.Wait()
+	if err := errors.Join(errs[:]...); err != nil {
+		return 0, err
+	}
+	return (per[0] + per[1]) / 2, nil
+}
+
+// refObject is the data path as it was before the one decision function
+// (commit 1acc742), kept to show what the refactor and the new checks cost:
+// every case reports x-ref, its time over the reference's on the same
+// limits in the same rounds.
+//
+//go:embed testdata/ratelimit-1acc742_bpfel.o
+var refObject []byte
+
+// loadReference loads the reference program over a Datapath of its own that
+// holds limits, ids 0, 1, ...
+func loadReference(tb testing.TB, opts maps.Options, limits []maps.Limit) (*maps.Datapath, *ebpf.Program) {
+	tb.Helper()
+	d := newDatapath(tb, opts)
+	for id, l := range limits {
+		mustSet(tb, d, uint32(id), l)
+	}
+	p, err := d.LoadReference(refObject, "xdp_ratelimit")
+	if err != nil {
+		tb.Fatalf("reference: %v", err)
+	}
+	tb.Cleanup(func() { p.Close() })
+	return d, p
 }
 
 // BenchmarkRateAllow is the user-space reference: one decision of

@@ -63,25 +63,41 @@ enum {
 	MATCH_REJECT = 1,	/* empty, action drop: the packet is dropped */
 	MATCH_SHADOW = 2,	/* empty, action shadow: counted, draws nothing */
 	MATCH_FAIL_OPEN = 3,	/* no room for a bucket: passes, draws nothing */
+	MATCH_ADMIT_DRAWN = 4,	/* admitted, cost already drawn from the pool (rl_check_direct) */
 };
 
-/* One limit's decision for one packet. */
+#define RL_NO_WAY 0xffff
+
+/* One limit's decision for one packet. 8 bytes: a packet's decisions live
+ * on the stack, which the verifier caps at 512 bytes over all frames. */
 struct match {
-	__u32 slot;	/* rl_key_cache set x RL_KEY_CACHE_WAYS + way, or RL_NO_SLOT */
 	__u32 cost;
+	__u16 slot;	/* rl_key_cache set x RL_KEY_CACHE_WAYS + way, or RL_NO_WAY */
 	__u8 id;
 	__u8 state;
-	__u8 direct;	/* drawn from the pool at check time: no cache way was free */
-	__u8 pad;
 };
 
 _Static_assert(RL_MAX_LIMITS <= 256, "struct match holds a limit id in a byte");
+_Static_assert(RL_KEY_CACHE_SETS * RL_KEY_CACHE_WAYS < RL_NO_WAY, "struct match holds a slot in 16 bits");
 
 /* A packet's decisions, checked first and committed together. */
 struct rl_decision {
 	struct match m[RL_MAX_MATCH];
 	__u64 now;	/* the clock, read at most once (rl_now); 0: not yet */
 };
+
+/* 0 -> the decisions of the packet this CPU is deciding. PERCPU scratch
+ * space: on the stack, with the frames of rl_decide_all and rl_check, they
+ * went past the verifier's 512 bytes. A program runs to its end on its CPU
+ * before another packet's starts there (softirq, or bottom halves off on
+ * egress), so one entry per CPU is enough. Not pinned: nothing outlives the
+ * packet. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct rl_decision);
+} rl_scratch SEC(".maps");
 
 /* Counters of rl_global_stats, by field. */
 enum rl_global_field {
@@ -271,7 +287,8 @@ static __always_inline __u32 rl_key_victim(const struct rl_key_set *set,
 }
 
 /* Finds or creates the shared pool of a keyed bucket. A new pool cancels
- * the cache's wait for the old one (retry_ns), which an eviction took away.
+ * the cache's (c, if any) wait for the old one (retry_ns), which an
+ * eviction took away.
  * A new pool for a key this CPU's cache still holds (cached), or whose
  * fingerprint is still in its tombstone slot, is a returning key. */
 static __always_inline struct rl_pool *rl_bucket_pool(const struct rl_bucket_key *k, __u64 h,
@@ -288,7 +305,8 @@ static __always_inline struct rl_pool *rl_bucket_pool(const struct rl_bucket_key
 
 	/* v_empty 0 is far below V: the new bucket starts full. */
 	if (bpf_map_update_elem(&rl_buckets, k, &fresh, BPF_NOEXIST) == 0) {
-		c->retry_ns = 0;
+		if (c)
+			c->retry_ns = 0;
 		tidx = (h >> 20) & rl_tombstone_mask;
 		fp = (__u32)(h >> 8) | 1;
 		tomb = bpf_map_lookup_elem(&rl_tombstones, &tidx);
@@ -303,49 +321,37 @@ static __always_inline struct rl_pool *rl_bucket_pool(const struct rl_bucket_key
 	return bpf_map_lookup_elem(&rl_buckets, k);
 }
 
-/* Leases for cache c from pool: MATCH_ADMIT once c holds cost tokens, or
- * the limit's over-limit state. */
-static __always_inline int rl_take(struct rl_pool *pool, struct rl_cache *c,
-				   const struct rl_limit *lim, const struct rl_params *params,
-				   __u32 cost, __u64 *now)
+/* What a lease (or a draw) means for the packet: MATCH_ADMIT, or the
+ * limit's over-limit state. */
+static __always_inline int rl_lease_state(enum rl_lease_result r, const struct rl_limit *lim)
 {
-	switch (rl_lease(pool, c, params, lim->seq, cost, rl_now(now))) {
-	case RL_LEASE_OK:
+	if (r == RL_LEASE_OK)
 		return MATCH_ADMIT;
-	case RL_LEASE_CONTENDED:
+	if (r == RL_LEASE_CONTENDED)
 		rl_global_count(G_LEASE_CONTENDED);
-		break;
-	default:
-		break;
-	}
 	return rl_over(lim);
 }
 
 /* A keyed bucket whose set this packet already holds both ways of: its cost
- * is drawn from the pool now, through a cache of the packet's own that
- * leases exactly the cost, and given back if another limit rejects the
- * packet (rl_refund). Costs a pool lookup and a compare-and-swap per packet:
- * only three or more keyed limits whose buckets share a set get here. */
+ * is drawn from the pool now, with no cache (rl_draw), and given back if
+ * another limit rejects the packet (rl_refund). Costs a pool lookup and a
+ * compare-and-swap per packet: only three or more keyed limits whose
+ * buckets share a set get here. */
 static __always_inline int rl_check_direct(const struct pkt *p, struct match *m,
 					   const struct rl_limit *lim, struct rl_limit_cpu *lc,
 					   const struct rl_key_ref *r, __u64 *now)
 {
-	struct rl_params params = lim->params[lim->active & 1];
-	struct rl_cache tmp = { .gen = lim->gen };
 	struct rl_pool *pool;
 	int state;
 
 	rl_global_count(G_CACHE_BYPASS);
-	pool = rl_bucket_pool(&r->k, r->h, &lc->stats, &tmp, false);
+	pool = rl_bucket_pool(&r->k, r->h, &lc->stats, NULL, false);
 	if (!pool) {
 		rl_global_count(G_POOL_FULL);
 		return MATCH_FAIL_OPEN;
 	}
-	params.chunk = 0;	/* lease the cost and no more */
-	state = rl_take(pool, &tmp, lim, &params, m->cost, now);
-	if (state == MATCH_ADMIT)
-		m->direct = 1;
-	return state;
+	state = rl_lease_state(rl_draw(pool, &lim->params[lim->active & 1], m->cost, rl_now(now)), lim);
+	return state == MATCH_ADMIT ? MATCH_ADMIT_DRAWN : state;
 }
 
 /* Decides limit m[i] of a packet without drawing from this CPU's cache:
@@ -356,7 +362,6 @@ static __always_inline int rl_check_direct(const struct pkt *p, struct match *m,
  * unrolled caller past the 1M-instruction limit. */
 __noinline int rl_check(const struct pkt *p, struct rl_decision *d, __u32 i)
 {
-	const struct rl_params *params;
 	struct rl_limit_cpu *lc;
 	struct rl_pool *pool = NULL;
 	struct rl_limit *lim;
@@ -368,8 +373,7 @@ __noinline int rl_check(const struct pkt *p, struct rl_decision *d, __u32 i)
 		return MATCH_FAIL_OPEN;
 	m = &d->m[i];
 	id = m->id;
-	m->slot = RL_NO_SLOT;
-	m->direct = 0;
+	m->slot = RL_NO_WAY;
 	lim = rl_limit_of(id, &lc);
 	if (!lim)
 		return MATCH_FAIL_OPEN;	/* stale classifier bit: not a limit */
@@ -435,11 +439,11 @@ __noinline int rl_check(const struct pkt *p, struct rl_decision *d, __u32 i)
 		if (!pool)
 			return MATCH_FAIL_OPEN;
 	}
-	params = &lim->params[lim->active & 1];
-	return rl_take(pool, c, lim, params, m->cost, &d->now);
+	return rl_lease_state(rl_lease(pool, c, &lim->params[lim->active & 1], lim->seq,
+				       m->cost, rl_now(&d->now)), lim);
 }
 
-/* Gives a direct draw (rl_check_direct) back to its pool: the packet was
+/* Gives a draw made at check time (rl_check_direct) back to its pool: the packet was
  * rejected by another limit. Best effort, as rl_give_back. */
 __noinline int rl_refund(const struct pkt *p, __u32 id, __u32 cost)
 {
@@ -469,16 +473,18 @@ static __always_inline void rl_commit(const struct pkt *p, const struct match *m
 
 	if (!lc)
 		return;
-	if (m->state == MATCH_ADMIT) {
+	switch (m->state) {
+	case MATCH_ADMIT_DRAWN:
 		if (!pass) {
 			/* Dropped by another limit: draws nothing. */
-			if (m->direct)
-				rl_refund(p, id, m->cost);
+			rl_refund(p, id, m->cost);
 			return;
 		}
-		if (m->direct) {
-			/* drawn at check time */
-		} else if (m->slot == RL_NO_SLOT) {
+		break;
+	case MATCH_ADMIT:
+		if (!pass)
+			return;	/* dropped by another limit: draws nothing */
+		if (m->slot == RL_NO_WAY) {
 			lc->cache.tokens -= m->cost;
 		} else {
 			__u32 si = m->slot / RL_KEY_CACHE_WAYS;
@@ -488,8 +494,9 @@ static __always_inline void rl_commit(const struct pkt *p, const struct match *m
 				return;
 			set->way[m->slot & (RL_KEY_CACHE_WAYS - 1)].cache.tokens -= m->cost;
 		}
+		break;
 	}
-	rl_count(&lc->stats, m->state, p->len);
+	rl_count(&lc->stats, m->state == MATCH_ADMIT_DRAWN ? MATCH_ADMIT : m->state, p->len);
 }
 
 /* Protect rules: does one name this packet? Its peer is the source on
@@ -671,22 +678,33 @@ static __always_inline bool rl_walk_rest_has(const struct rl_walk *it, const str
 }
 
 /* The general case: check every candidate without drawing, then commit all
- * or nothing. */
-static __always_inline bool rl_decide_all(const struct pkt *p, const struct rl_config *cfg,
-					  const struct rl_mask *cand, __u64 now)
+ * or nothing. Returns 1 if the packet may pass.
+ *
+ * A global function, verified once: inlined at each of its call sites it
+ * took the program's verification from 70k to 890k instructions, near the
+ * 1M limit. */
+__noinline int rl_decide_all(const struct pkt *p, const struct rl_mask *cand, __u64 now)
 {
-	struct rl_decision d;
-	struct rl_walk it = rl_walk_start(cand);
+	struct rl_decision *d;
+	struct rl_walk it;
+	struct rl_config *cfg;
 	bool pass = true;
-	__u32 n = 0, id;
+	__u32 n = 0, id, zero = 0;
 
-	d.now = now;
+	if (!p || !cand)
+		return 1;
+	cfg = bpf_map_lookup_elem(&rl_cfg, &zero);
+	d = bpf_map_lookup_elem(&rl_scratch, &zero);
+	if (!cfg || !d)
+		return 1;
+	it = rl_walk_start(cand);
+	d->now = now;
 	for (int i = 0; i < RL_MAX_MATCH; i++) {
 		if (!rl_walk_next(&it, cand, &id))
 			break;
-		d.m[i].id = id;
-		d.m[i].state = rl_check(p, &d, i);
-		if (d.m[i].state == MATCH_REJECT)
+		d->m[i].id = id;
+		d->m[i].state = rl_check(p, d, i);
+		if (d->m[i].state == MATCH_REJECT)
 			pass = false;
 		n = i + 1;
 	}
@@ -702,7 +720,7 @@ static __always_inline bool rl_decide_all(const struct pkt *p, const struct rl_c
 	for (int i = 0; i < RL_MAX_MATCH; i++) {
 		if (i >= n)
 			break;
-		rl_commit(p, &d.m[i], pass);
+		rl_commit(p, &d->m[i], pass);
 	}
 	return pass;
 }
@@ -759,7 +777,7 @@ static __always_inline bool rl_decide_one(const struct pkt *p, const struct rl_c
 	return true;
 
 slow:
-	return rl_decide_all(p, cfg, cand, now);
+	return rl_decide_all(p, cand, now);
 }
 
 /* The common case of several candidates, inline: every one is a key-less
@@ -802,6 +820,24 @@ static __always_inline bool rl_decide_fast(const struct pkt *p, const struct rl_
 	return true;
 }
 
+/* Resolves a fragment (frag.h) and counts it. A global function: its key
+ * stays off the stack of the packet's main path, which the decision's
+ * frames fill close to the verifier's 512 bytes. */
+__noinline int rl_frag(struct pkt *p)
+{
+	if (!p)
+		return 0;
+	switch (rl_frag_resolve(p)) {
+	case 1:
+		rl_global_count(G_FRAG_FIRST);
+		break;
+	case 2:
+		rl_global_count(G_FRAG_UNSEEN);
+		break;
+	}
+	return 0;
+}
+
 /* The one decision for a parsed packet, for every program and direction.
  * Returns true if the packet may pass. */
 static __always_inline bool rl_decide(struct pkt *p, __u32 dir)
@@ -810,16 +846,8 @@ static __always_inline bool rl_decide(struct pkt *p, __u32 dir)
 	struct rl_mask cand;
 	__u32 zero = 0;
 
-	if (p->frag != RL_FRAG_NONE) {
-		switch (rl_frag_resolve(p)) {
-		case 1:
-			rl_global_count(G_FRAG_FIRST);
-			break;
-		case 2:
-			rl_global_count(G_FRAG_UNSEEN);
-			break;
-		}
-	}
+	if (p->frag != RL_FRAG_NONE)
+		rl_frag(p);
 	if (p->l4_unknown)
 		rl_global_count(G_L4_UNKNOWN);
 
@@ -834,13 +862,11 @@ static __always_inline bool rl_decide(struct pkt *p, __u32 dir)
 		return true;
 
 	/* Exactly one candidate: the common case. */
-	if (!(cand.w[0] & (cand.w[0] - 1)) && !cand.w[1])
-		return rl_decide_one(p, cfg, &cand, rl_ctz64(cand.w[0]));
-	if (!cand.w[0] && !(cand.w[1] & (cand.w[1] - 1)))
-		return rl_decide_one(p, cfg, &cand, 64 + rl_ctz64(cand.w[1]));
+	if (cand.w[0] ? !(cand.w[0] & (cand.w[0] - 1)) && !cand.w[1] : !(cand.w[1] & (cand.w[1] - 1)))
+		return rl_decide_one(p, cfg, &cand, cand.w[0] ? rl_ctz64(cand.w[0]) : 64 + rl_ctz64(cand.w[1]));
 	if (rl_decide_fast(p, &cand))
 		return true;
-	return rl_decide_all(p, cfg, &cand, 0);
+	return rl_decide_all(p, &cand, 0);
 }
 
 SEC("xdp")

@@ -78,6 +78,18 @@ const (
 	RatelimitRlConstRL_PROTECT_SIDE      RatelimitRlConst = 131072
 )
 
+type RatelimitRlDecision struct {
+	_ structs.HostLayout
+	M [16]struct {
+		_     structs.HostLayout
+		Cost  uint32
+		Slot  uint16
+		Id    uint8
+		State uint8
+	}
+	Now uint64
+}
+
 type RatelimitRlDirection uint32
 
 const (
@@ -280,6 +292,7 @@ const (
 	RatelimitMapRlProtect6      = "rl_protect6"
 	RatelimitMapRlProtectPorts  = "rl_protect_ports"
 	RatelimitMapRlProtoAny      = "rl_proto_any"
+	RatelimitMapRlScratch       = "rl_scratch"
 	RatelimitMapRlSrc4          = "rl_src4"
 	RatelimitMapRlSrc6          = "rl_src6"
 	RatelimitMapRlTombstones    = "rl_tombstones"
@@ -367,6 +380,7 @@ type RatelimitMapSpecs struct {
 	RlProtect6     *ebpf.MapSpec `ebpf:"rl_protect6"`
 	RlProtectPorts *ebpf.MapSpec `ebpf:"rl_protect_ports"`
 	RlProtoAny     *ebpf.MapSpec `ebpf:"rl_proto_any"`
+	RlScratch      *ebpf.MapSpec `ebpf:"rl_scratch"`
 	RlSrc4         *ebpf.MapSpec `ebpf:"rl_src4"`
 	RlSrc6         *ebpf.MapSpec `ebpf:"rl_src6"`
 	RlTombstones   *ebpf.MapSpec `ebpf:"rl_tombstones"`
@@ -428,6 +442,7 @@ type RatelimitMaps struct {
 	RlProtect6     *ebpf.Map `ebpf:"rl_protect6"`
 	RlProtectPorts *ebpf.Map `ebpf:"rl_protect_ports"`
 	RlProtoAny     *ebpf.Map `ebpf:"rl_proto_any"`
+	RlScratch      *ebpf.Map `ebpf:"rl_scratch"`
 	RlSrc4         *ebpf.Map `ebpf:"rl_src4"`
 	RlSrc6         *ebpf.Map `ebpf:"rl_src6"`
 	RlTombstones   *ebpf.Map `ebpf:"rl_tombstones"`
@@ -451,6 +466,7 @@ func (m *RatelimitMaps) Close() error {
 		m.RlProtect6,
 		m.RlProtectPorts,
 		m.RlProtoAny,
+		m.RlScratch,
 		m.RlSrc4,
 		m.RlSrc6,
 		m.RlTombstones,

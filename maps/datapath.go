@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/bits"
 	"os"
+	"reflect"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -58,6 +59,10 @@ type Options struct {
 	MaxBuckets uint32
 	// CPUs is the number of CPUs leases are sized for (default: possible CPUs).
 	CPUs int
+	// HashSeed keys the hash that places keyed buckets in the per-CPU
+	// cache, for new maps (pinned maps keep theirs). Zero, the default,
+	// draws a random one; tests set it to aim at cache sets.
+	HashSeed [2]uint64
 }
 
 // Datapath is a loaded data path.
@@ -70,6 +75,8 @@ type Datapath struct {
 	limits map[uint32]*installed
 	// protect mirrors the protect maps; nil until SetProtected reads them.
 	protect *protection
+	// spec is what was loaded, load-time constants set.
+	spec *ebpf.CollectionSpec
 }
 
 type installed struct {
@@ -132,7 +139,7 @@ func Load(opts Options) (*Datapath, error) {
 		}
 	}
 
-	d := &Datapath{opts: opts, ncpu: ncpu, limits: make(map[uint32]*installed)}
+	d := &Datapath{opts: opts, ncpu: ncpu, limits: make(map[uint32]*installed), spec: spec}
 	if err := spec.LoadAndAssign(&d.objs, &copts); err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
@@ -150,6 +157,25 @@ func Load(opts Options) (*Datapath, error) {
 		return nil, err
 	}
 	return d, nil
+}
+
+func (d *Datapath) collectionSpec() (*ebpf.CollectionSpec, error) {
+	if d.spec == nil {
+		return nil, errors.New("no program loaded (a pinned view)")
+	}
+	return d.spec, nil
+}
+
+// mapsByName are d's maps by their names in the ELF.
+func (d *Datapath) mapsByName() map[string]*ebpf.Map {
+	out := make(map[string]*ebpf.Map)
+	v := reflect.ValueOf(&d.objs.RatelimitMaps).Elem()
+	for i := range v.NumField() {
+		if m, ok := v.Field(i).Interface().(*ebpf.Map); ok && m != nil {
+			out[v.Type().Field(i).Tag.Get("ebpf")] = m
+		}
+	}
+	return out
 }
 
 // Close releases the data path's file descriptors. Pinned maps stay.
@@ -179,11 +205,14 @@ func (d *Datapath) Now() (uint64, error) {
 	return now, nil
 }
 
+// ErrNoTestClock means the data path was not loaded with ClockTest.
+var ErrNoTestClock = errors.New("data path not loaded with ClockTest")
+
 // SetTestClock sets the test clock: now, and how far it moves before each
 // packet. Only for a Datapath loaded with ClockTest.
 func (d *Datapath) SetTestClock(now, step uint64) error {
 	if d.opts.Clock != ClockTest {
-		return errors.New("set test clock: data path not loaded with ClockTest")
+		return fmt.Errorf("set test clock: %w", ErrNoTestClock)
 	}
 	return d.objs.RlTestNow.Set(bpf.RatelimitRlTestClock{Now: now, Step: step})
 }

@@ -312,12 +312,15 @@ func (d *Datapath) adopt() error {
 	if cls.cfg.Seed == [2]uint64{} {
 		// New maps: key the hash of the keyed buckets. Kept in the pinned
 		// config, so that a restarted agent finds the same cache sets.
-		var b [16]byte
-		if _, err := rand.Read(b[:]); err != nil {
-			return fmt.Errorf("hash seed: %w", err)
-		}
 		next := *cls
-		next.cfg.Seed = [2]uint64{binary.LittleEndian.Uint64(b[:8]), binary.LittleEndian.Uint64(b[8:])}
+		next.cfg.Seed = d.opts.HashSeed
+		for next.cfg.Seed == [2]uint64{} {
+			var b [16]byte
+			if _, err := rand.Read(b[:]); err != nil {
+				return fmt.Errorf("hash seed: %w", err)
+			}
+			next.cfg.Seed = [2]uint64{binary.LittleEndian.Uint64(b[:8]), binary.LittleEndian.Uint64(b[8:])}
+		}
 		if err := d.objs.RlCfg.Put(uint32(0), &next.cfg); err != nil {
 			return fmt.Errorf("write hash seed: %w", err)
 		}

@@ -200,6 +200,9 @@ func (d *Datapath) MetaIDs() ([]uint32, error) {
 		id  uint32
 		v   bpf.RatelimitRlLimitMeta
 	)
+	if d.objs.RlMeta == nil {
+		return nil, fmt.Errorf("list limit meta: %s is not pinned", bpf.RatelimitMapRlMeta)
+	}
 	it := d.objs.RlMeta.Iterate()
 	for it.Next(&id, &v) {
 		if v.Name[0] != 0 {
@@ -211,3 +214,6 @@ func (d *Datapath) MetaIDs() ([]uint32, error) {
 	}
 	return sortedIDs(ids), nil
 }
+
+// MetaIDs is Datapath.MetaIDs.
+func (r *Reader) MetaIDs() ([]uint32, error) { return r.d.MetaIDs() }

@@ -97,6 +97,26 @@ static __always_inline enum rl_lease_result rl_lease(struct rl_pool *pool, struc
 	return RL_LEASE_CONTENDED;
 }
 
+/* Draws cost tokens straight from the pool, with no cache: for a packet
+ * that found no cache way to lease into. */
+static __always_inline enum rl_lease_result rl_draw(struct rl_pool *pool, const struct rl_params *p,
+						    __u64 cost, __u64 now)
+{
+	__u64 v = rl_vclock(p, now);
+	__u64 floor = v > p->burst ? v - p->burst : 0;
+
+	for (int i = 0; i < RL_CAS_TRIES; i++) {
+		__u64 old = READ_ONCE_U64(pool->v_empty);
+		__u64 base = rl_max(old, floor);
+
+		if (v < base + cost)
+			return RL_LEASE_SHORT;
+		if (__sync_val_compare_and_swap(&pool->v_empty, old, base + cost) == old)
+			return RL_LEASE_OK;
+	}
+	return RL_LEASE_CONTENDED;
+}
+
 /* Hands tokens a CPU holds back to the pool (a cache slot taken over by
  * another key). Best effort: on contention the tokens are forfeited, which
  * can only make the bucket stricter. */

@@ -1,0 +1,105 @@
+package maps
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+
+	"github.com/cilium/ebpf"
+)
+
+// LoadReference loads the XDP program prog of another build of the data path
+// (a bpf2go ELF, such as the previous release's object kept in bpf/testdata
+// as a benchmark reference) over d's maps, so that both builds can be
+// measured on the same limits in one run.
+//
+// A map whose layout is the same in both builds is shared. Where the layout
+// differs, the reference gets a map of its own: for an array whose value in
+// the reference is a prefix of d's (a struct that grew at its end, or fewer
+// entries), the entries d holds now are copied in (so call it after setting
+// the limits); any other map starts empty. The load-time constants are set
+// as Load sets d's.
+//
+// For benchmarks and tests: the reference reads d's state as it was laid
+// out then, and nothing keeps the copies in step with later changes.
+func (d *Datapath) LoadReference(elf []byte, prog string) (*ebpf.Program, error) {
+	spec, err := ebpf.LoadCollectionSpecFromReader(bytes.NewReader(elf))
+	if err != nil {
+		return nil, fmt.Errorf("load reference: %w", err)
+	}
+	cur, err := d.collectionSpec()
+	if err != nil {
+		return nil, fmt.Errorf("load reference: %w", err)
+	}
+	for name, v := range cur.Variables {
+		rv, ok := spec.Variables[name]
+		if !ok || !v.Constant() || !rv.Constant() || rv.Size() != v.Size() {
+			continue
+		}
+		buf := make([]byte, v.Size())
+		if err := v.Get(buf); err == nil {
+			rv.Set(buf)
+		}
+	}
+	own := d.mapsByName()
+	repl := make(map[string]*ebpf.Map)
+	var copies []func(*ebpf.Collection) error
+	for name, ms := range spec.Maps {
+		m, ok := own[name]
+		if !ok {
+			continue
+		}
+		ms.Pinning = ebpf.PinNone
+		ms.MaxEntries = m.MaxEntries()
+		if ms.Type == m.Type() && ms.KeySize == m.KeySize() && ms.ValueSize == m.ValueSize() {
+			repl[name] = m
+			continue
+		}
+		if ms.Type == ebpf.Array && m.Type() == ebpf.Array && ms.ValueSize < m.ValueSize() {
+			copies = append(copies, func(c *ebpf.Collection) error { return copyPrefix(c.Maps[name], m) })
+		}
+	}
+	for name, ms := range spec.Maps {
+		if _, ok := repl[name]; !ok {
+			ms.Pinning = ebpf.PinNone
+		}
+	}
+	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{MapReplacements: repl})
+	if err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			return nil, fmt.Errorf("load reference: %+v", ve)
+		}
+		return nil, fmt.Errorf("load reference: %w", err)
+	}
+	for _, cp := range copies {
+		if err := cp(coll); err != nil {
+			coll.Close()
+			return nil, fmt.Errorf("load reference: %w", err)
+		}
+	}
+	p, ok := coll.Programs[prog]
+	if !ok {
+		coll.Close()
+		return nil, fmt.Errorf("load reference: no program %s", prog)
+	}
+	delete(coll.Programs, prog)
+	// The program holds its maps; the collection's other handles go.
+	coll.Close()
+	return p, nil
+}
+
+// copyPrefix copies every entry of array src into dst, each value cut to
+// dst's value size, for the entries dst has.
+func copyPrefix(dst, src *ebpf.Map) error {
+	val := make([]byte, src.ValueSize())
+	for k := uint32(0); k < min(dst.MaxEntries(), src.MaxEntries()); k++ {
+		if err := src.Lookup(k, val); err != nil {
+			return fmt.Errorf("copy %s: %w", src, err)
+		}
+		if err := dst.Put(k, val[:dst.ValueSize()]); err != nil {
+			return fmt.Errorf("copy %s: %w", src, err)
+		}
+	}
+	return nil
+}
