@@ -37,6 +37,15 @@ type Options struct {
 	// Kubernetes, if set, is the cluster: the limits are its RateLimit
 	// objects, and the nodes and service scopes are divided by its counts.
 	Kubernetes *watcher.Kubernetes
+	// APIServer, if set, follows the endpoints of the agent's API server
+	// connection, which protectAPIServer protects (see protect.go).
+	APIServer *watcher.APIServer
+	// PinDir, if set, replaces the config file's pinDir (a flag of run).
+	PinDir string
+	// EphemeralPins accepts a pin directory that does not outlive the
+	// agent (a bpffs of its own in a private mount namespace): enforcement
+	// then stops when the agent does. See preparePinDir.
+	EphemeralPins bool
 }
 
 // Agent is a running node agent.
@@ -56,12 +65,26 @@ type Agent struct {
 	meta    map[uint32]maps.Meta
 	pending map[uint32]counterSnap // counters read at the last tick
 	warned  map[string]string      // limit name -> last warning logged
+	protect protectState           // protect rules written (own lock)
+	lock    *pinLock               // the pin directory's, for the agent's life
+	ifState map[string]InterfaceStatus
+	health  health // own lock: the probes never wait for a reconcile
+
+	reconcileErrors prometheus.Counter
+
+	// outcomes: limit name -> what became of it at the last reconcile
+	// (created by reconcile).
+	outcomes map[string]*outcome
 
 	reloadErrors prometheus.Counter
 	reloads      prometheus.Counter
 	notify       chan struct{}
 	statusDue    chan struct{}
 }
+
+// reconcileRetry is how long after a failed reconcile the agent tries
+// again if nothing else made it.
+const reconcileRetry = 5 * time.Second
 
 // Run runs the agent until ctx ends. On return the data path stays
 // attached and pinned, enforcing the last shares.
@@ -72,7 +95,7 @@ func Run(ctx context.Context, opts Options) error {
 	if opts.ConfigPoll <= 0 {
 		opts.ConfigPoll = 500 * time.Millisecond
 	}
-	cfg, err := v1alpha1.LoadConfig(opts.ConfigPath)
+	cfg, err := loadConfig(opts)
 	if err != nil {
 		return err
 	}
@@ -95,7 +118,12 @@ func Run(ctx context.Context, opts Options) error {
 			Name: "rlagent_config_reloads_total",
 			Help: "Config files applied after a change.",
 		}),
+		reconcileErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rlagent_reconcile_errors_total",
+			Help: "Reconciles that failed as a whole (the agent is not ready until one succeeds).",
+		}),
 	}
+	a.health.extra = a.protectHealth
 	if err := a.start(ctx, cfg); err != nil {
 		a.close()
 		return err
@@ -103,7 +131,8 @@ func Run(ctx context.Context, opts Options) error {
 	defer a.close()
 
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(a.reloadErrors, a.reloads, &collector{read: a.readStatus})
+	reg.MustRegister(a.reloadErrors, a.reloads, &collector{read: a.readStatus}, &a.protect,
+		a.reconcileErrors, &a.health)
 	srv, addr, err := a.serveMetrics(cfg.MetricsAddress, reg)
 	if err != nil {
 		return err
@@ -116,19 +145,25 @@ func Run(ctx context.Context, opts Options) error {
 	}
 
 	go a.watchConfig(ctx)
+	go a.watchLinks(ctx)
 	if a.k8s != nil {
 		go a.statusLoop(ctx)
 	}
 	snap := time.NewTicker(time.Second)
 	defer snap.Stop()
 	for {
+		a.health.heartbeat(time.Now())
 		select {
 		case <-ctx.Done():
-			a.log.Info("stopping; the data path stays attached with the last shares")
+			if opts.EphemeralPins {
+				a.log.Info("stopping; the pins are ephemeral (--ephemeral-pins): enforcement may end with the agent")
+			} else {
+				a.log.Info("stopping; the data path stays attached with the last shares")
+			}
 			return nil
 		case <-a.notify:
 			a.mu.Lock()
-			err := a.reconcile()
+			err := a.reconcileRecorded()
 			a.mu.Unlock()
 			if err != nil {
 				a.log.Error("reconcile", "error", err)
@@ -139,6 +174,10 @@ func Run(ctx context.Context, opts Options) error {
 			}
 		case <-snap.C:
 			a.snapshot()
+			a.reportStale()
+			if a.health.retryDue(time.Now(), reconcileRetry) {
+				a.wake()
+			}
 		}
 	}
 }
@@ -153,7 +192,20 @@ func (a *Agent) wake() {
 // start loads or adopts the data path, attaches it, starts the count source
 // and does the first reconcile.
 func (a *Agent) start(ctx context.Context, cfg *v1alpha1.Config) error {
-	if err := ensureBPFFS(cfg.PinDir); err != nil {
+	did, err := preparePinDir(cfg.PinDir, a.opts.EphemeralPins)
+	if err != nil {
+		return err
+	}
+	if did != "" {
+		a.log.Info("pin directory: "+did, "pin_dir", cfg.PinDir)
+	}
+	if a.opts.EphemeralPins {
+		a.log.Warn("--ephemeral-pins: the pins may not outlive the agent; if they do not, enforcement stops when it exits",
+			"pin_dir", cfg.PinDir)
+	}
+	// Before anything in the directory is read or written: another agent
+	// may own it.
+	if a.lock, err = lockPinDir(cfg.PinDir); err != nil {
 		return err
 	}
 	dp, err := maps.Load(maps.Options{PinDir: cfg.PinDir, MaxBuckets: cfg.MaxBuckets})
@@ -163,7 +215,7 @@ func (a *Agent) start(ctx context.Context, cfg *v1alpha1.Config) error {
 	a.dp = dp
 	a.cfg = cfg
 	// Adopt what an earlier agent left: names and ids from the pins.
-	for _, id := range dp.IDs() {
+	for _, id := range pinnedIDs(dp) {
 		m, err := dp.Meta(id)
 		if err != nil {
 			return err
@@ -187,26 +239,27 @@ func (a *Agent) start(ctx context.Context, cfg *v1alpha1.Config) error {
 		a.k8s = k
 		go k.Run(ctx, a.wake)
 	}
+	a.startProtect(ctx) // before the first attach
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if err := a.reconcile(); err != nil {
+	if err := a.reconcileRecorded(); err != nil {
 		return err
 	}
 	return a.attach(cfg.Interfaces)
 }
 
-// attach makes the link set match ifaces: new ones attached (or adopted),
-// dropped ones detached.
+// attach attaches the data path to every interface of ifaces (adopting
+// the links an earlier agent pinned) and detaches the pinned links of
+// interfaces not in ifaces, which an earlier agent's config had. An
+// interface that cannot be attached fails it: at start, a config that names
+// an interface that is not there is rejected. Callers hold a.mu.
 func (a *Agent) attach(ifaces []string) error {
 	for _, iface := range ifaces {
-		if _, ok := a.links[iface]; ok {
-			continue
-		}
-		l, err := attachXDP(a.dp.Program(), iface, a.cfg.PinDir, a.log)
+		st, err := a.syncLink(iface)
 		if err != nil {
 			return err
 		}
-		a.links[iface] = l
+		a.setState(st)
 	}
 	pinned, err := pinnedLinks(a.cfg.PinDir)
 	if err != nil {
@@ -265,6 +318,9 @@ func (a *Agent) close() {
 	if a.dp != nil {
 		a.dp.Close()
 	}
+	// Last: until the descriptors above are closed, this agent still owns
+	// the pins.
+	a.lock.release()
 }
 
 func (a *Agent) serveMetrics(addr string, reg *prometheus.Registry) (*http.Server, string, error) {
@@ -277,7 +333,11 @@ func (a *Agent) serveMetrics(addr string, reg *prometheus.Registry) (*http.Serve
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	// /readyz is readiness and /livez liveness (see health); /healthz is
+	// readiness too, where the readiness probe has always asked.
+	mux.HandleFunc("/readyz", a.health.serveReady)
+	mux.HandleFunc("/healthz", a.health.serveReady)
+	mux.HandleFunc("/livez", a.health.serveLive)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go srv.Serve(ln)
 	a.log.Info("serving metrics", "address", ln.Addr().String())
@@ -301,6 +361,9 @@ func (a *Agent) watchConfig(ctx context.Context) {
 		}
 		last = cur
 		if err := a.reload(ctx); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
 			a.reloadErrors.Inc()
 			a.log.Error("config rejected; the previous config stays in force", "path", a.opts.ConfigPath, "error", err)
 			continue
@@ -328,33 +391,91 @@ func fileStamp(path string) stamp {
 }
 
 // reload applies a changed config file, whole or not at all.
+//
+// What can fail is done first and undone on failure: the interfaces the new
+// config adds are attached before any limit changes (they enforce the
+// limits in force until the reconcile), and detached again if the
+// reconcile fails; the interfaces it drops are detached last, once nothing
+// can fail any more. An interface of both configs that is missing right now
+// is not a reason to reject: the link watcher attaches it when it is back.
 func (a *Agent) reload(ctx context.Context) error {
-	cfg, err := v1alpha1.LoadConfig(a.opts.ConfigPath)
+	cfg, err := loadConfig(a.opts)
 	if err != nil {
 		return err
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if err := ctx.Err(); err != nil {
+		return err // stopping: close may have run
+	}
 	old := a.cfg
 	if cfg.PinDir != old.PinDir || cfg.MaxBuckets != old.MaxBuckets {
 		return errors.New("pinDir and maxBuckets take effect on restart only: restore them or restart the agent")
 	}
+	var added []string
+	undoAttach := func() {
+		for _, iface := range added {
+			a.closeLink(iface)
+			if err := detachXDP(iface, a.cfg.PinDir); err != nil {
+				a.log.Error("rolling back a rejected config", "interface", iface, "error", err)
+			}
+		}
+	}
+	for _, iface := range cfg.Interfaces {
+		if slices.Contains(old.Interfaces, iface) {
+			continue
+		}
+		if _, err := a.syncLink(iface); err != nil {
+			undoAttach()
+			return err
+		}
+		added = append(added, iface)
+	}
+
 	a.cfg = cfg
 	if !reflect.DeepEqual(cfg.Count, old.Count) {
 		a.startSource(ctx, cfg.Count)
 	}
-	if err := a.reconcile(); err != nil {
+	if err := a.reconcileRecorded(); err != nil {
 		a.cfg = old
 		if !reflect.DeepEqual(cfg.Count, old.Count) {
 			a.startSource(ctx, old.Count)
 		}
+		undoAttach()
+		// A reconcile that failed may have written some limits before it
+		// did: put the old config's back.
+		if rerr := a.reconcileRecorded(); rerr != nil {
+			a.log.Error("restoring the previous config's limits", "error", rerr)
+		}
 		return err
 	}
-	if err := a.attach(cfg.Interfaces); err != nil {
-		return err
+	a.applyProtect("reload")
+	for _, iface := range old.Interfaces {
+		if slices.Contains(cfg.Interfaces, iface) {
+			continue
+		}
+		a.closeLink(iface)
+		if err := detachXDP(iface, cfg.PinDir); err != nil {
+			a.log.Error("detach an interface the config dropped", "interface", iface, "error", err)
+			continue
+		}
+		a.log.Info("detached XDP", "interface", iface)
 	}
+	a.syncLinks()
 	a.log.Info("config applied", "path", a.opts.ConfigPath, "limits", len(cfg.Limits))
 	return nil
+}
+
+// loadConfig reads the config file, with the options that override it.
+func loadConfig(opts Options) (*v1alpha1.Config, error) {
+	cfg, err := v1alpha1.LoadConfig(opts.ConfigPath)
+	if err != nil {
+		return nil, err
+	}
+	if opts.PinDir != "" {
+		cfg.PinDir = opts.PinDir
+	}
+	return cfg, nil
 }
 
 // statusLoop writes each RateLimit's status (accepted or why not, and the
@@ -373,13 +494,24 @@ func (a *Agent) statusLoop(ctx context.Context) {
 		all, invalid := a.k8s.Limits()
 		for _, l := range all {
 			obs := a.k8s.Observe(l.Name)
+			v := watcher.Verdict{Invalid: invalid[l.Name]}
+			a.mu.Lock()
 			if l.Scope != v1alpha1.ScopeNodes && l.Scope != v1alpha1.ScopeService {
-				a.mu.Lock()
 				obs = a.source.Observe(l.Name)
-				a.mu.Unlock()
 			}
+			// What became of the limit on this node (nothing if it has no
+			// endpoint here, or is invalid).
+			if o := a.outcomes[l.Name]; o != nil && v.Invalid == nil {
+				switch o.state {
+				case maps.Rejected:
+					v.NotApplied = o.note
+				case maps.Clamped:
+					v.Clamped = o.note
+				}
+			}
+			a.mu.Unlock()
 			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			err := a.k8s.ReportStatus(rctx, l.Name, invalid[l.Name], int32(max(obs.Replicas, 0)))
+			err := a.k8s.ReportStatus(rctx, l.Name, v, int32(max(obs.Replicas, 0)))
 			cancel()
 			if err != nil {
 				a.log.Debug("RateLimit status not written", "limit", l.Name, "error", err)

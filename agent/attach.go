@@ -22,16 +22,17 @@ func linkPin(pinDir, iface string) string {
 	return filepath.Join(pinDir, linkDir, "xdp_"+iface)
 }
 
-// attachXDP makes prog the XDP program of iface and pins the link.
+// attachXDP makes prog the XDP program of iface, pins the link and says in
+// which mode the program runs (ModeNative or ModeGeneric).
 //
 // A link pinned by an earlier agent is adopted: its program is replaced in
 // one atomic update, so there is no moment without enforcement. Otherwise
 // the program is attached in native mode, falling back to generic mode
 // (with a log line that says so) when the driver has no XDP support.
-func attachXDP(prog *ebpf.Program, iface, pinDir string, log *slog.Logger) (link.Link, error) {
+func attachXDP(prog *ebpf.Program, iface, pinDir string, log *slog.Logger) (link.Link, string, error) {
 	nl, err := netlink.LinkByName(iface)
 	if err != nil {
-		return nil, fmt.Errorf("attach xdp to %s: %w", iface, err)
+		return nil, "", fmt.Errorf("attach xdp to %s: %w", iface, err)
 	}
 	ifindex := nl.Attrs().Index
 	path := linkPin(pinDir, iface)
@@ -40,10 +41,10 @@ func attachXDP(prog *ebpf.Program, iface, pinDir string, log *slog.Logger) (link
 		if info, ierr := l.Info(); ierr == nil && info.XDP() != nil && int(info.XDP().Ifindex) == ifindex {
 			if err := l.Update(prog); err != nil {
 				l.Close()
-				return nil, fmt.Errorf("attach xdp to %s: update pinned link: %w", iface, err)
+				return nil, "", fmt.Errorf("attach xdp to %s: update pinned link: %w", iface, err)
 			}
 			log.Info("adopted pinned XDP link", "interface", iface, "pin", path)
-			return l, nil
+			return l, xdpMode(nl), nil
 		}
 		// The interface went away and came back (or the pin is not an
 		// XDP link of it): the old link is dead.
@@ -51,15 +52,17 @@ func attachXDP(prog *ebpf.Program, iface, pinDir string, log *slog.Logger) (link
 		l.Unpin()
 		l.Close()
 	} else if !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("attach xdp to %s: load pinned link: %w", iface, err)
+		return nil, "", fmt.Errorf("attach xdp to %s: load pinned link: %w", iface, err)
 	}
 
+	mode := ModeNative
 	l, err := link.AttachXDP(link.XDPOptions{Program: prog, Interface: ifindex, Flags: link.XDPDriverMode})
 	if err != nil {
 		native := err
+		mode = ModeGeneric
 		l, err = link.AttachXDP(link.XDPOptions{Program: prog, Interface: ifindex, Flags: link.XDPGenericMode})
 		if err != nil {
-			return nil, fmt.Errorf("attach xdp to %s: native: %v; generic: %w", iface, native, err)
+			return nil, "", fmt.Errorf("attach xdp to %s: native: %v; generic: %w", iface, native, err)
 		}
 		log.Warn("native XDP not available, attached in generic mode (slower, after the stack allocates an skb)",
 			"interface", iface, "native_error", native)
@@ -68,13 +71,13 @@ func attachXDP(prog *ebpf.Program, iface, pinDir string, log *slog.Logger) (link
 	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		l.Close()
-		return nil, fmt.Errorf("attach xdp to %s: %w", iface, err)
+		return nil, "", fmt.Errorf("attach xdp to %s: %w", iface, err)
 	}
 	if err := l.Pin(path); err != nil {
 		l.Close()
-		return nil, fmt.Errorf("attach xdp to %s: pin link: %w", iface, err)
+		return nil, "", fmt.Errorf("attach xdp to %s: pin link: %w", iface, err)
 	}
-	return l, nil
+	return l, mode, nil
 }
 
 // pinnedLinks lists the interfaces that have a pinned XDP link in pinDir.
@@ -124,17 +127,10 @@ func Cleanup(pinDir string) error {
 		}
 	}
 	os.Remove(filepath.Join(pinDir, linkDir))
-	d, err := maps.OpenPinned(pinDir)
-	if errors.Is(err, maps.ErrNotPinned) {
-		return nil
-	}
-	if err != nil {
+	if err := maps.RemovePins(pinDir); err != nil {
 		return fmt.Errorf("cleanup %s: %w", pinDir, err)
 	}
-	defer d.Close()
-	if err := d.Unpin(); err != nil {
-		return fmt.Errorf("cleanup %s: %w", pinDir, err)
-	}
+	removeLockRecord(pinDir) // a killed agent's (see pinlock.go)
 	os.Remove(pinDir)
 	return nil
 }

@@ -8,9 +8,16 @@ import (
 	"github.com/rlagent/rlagent/maps"
 )
 
-// toMapsLimit turns a validated spec and this node's share into the data
-// path's limit.
-func toMapsLimit(spec *v1alpha1.RateLimitSpec, share Share) (maps.Limit, error) {
+// toMapsLimit turns a spec and this node's share (already fitted to the
+// data path's range, see Share.fit) into the data path's limit.
+//
+// Defaults live in one place, RateLimitSpec.Default: the spec is defaulted
+// here (a copy; Default is idempotent), so a field left empty means what
+// docs/config.md says, and every value the data path does not know is an
+// error, never a silent fallback (an unknown protocol is not "any").
+func toMapsLimit(in *v1alpha1.RateLimitSpec, share Share) (maps.Limit, error) {
+	spec := in.DeepCopy()
+	spec.Default()
 	l := maps.Limit{Rate: share.Rate, Burst: share.Burst}
 	if l.Rate == 0 {
 		l.Burst = 0 // a share of 0 admits nothing
@@ -26,7 +33,7 @@ func toMapsLimit(spec *v1alpha1.RateLimitSpec, share Share) (maps.Limit, error) 
 	switch spec.Unit {
 	case v1alpha1.UnitBytes:
 		l.Unit = maps.Bytes
-	case v1alpha1.UnitPackets, "":
+	case v1alpha1.UnitPackets:
 		l.Unit = maps.Packets
 	default:
 		return maps.Limit{}, fmt.Errorf("unit: %q is not supported by the data path", spec.Unit)
@@ -34,13 +41,13 @@ func toMapsLimit(spec *v1alpha1.RateLimitSpec, share Share) (maps.Limit, error) 
 	switch spec.Action {
 	case v1alpha1.ActionShadow:
 		l.Action = maps.Shadow
-	case v1alpha1.ActionDrop, "":
+	case v1alpha1.ActionDrop:
 		l.Action = maps.Drop
 	default:
 		return maps.Limit{}, fmt.Errorf("action: %q is not supported by the data path", spec.Action)
 	}
 	switch spec.Key {
-	case v1alpha1.KeyNone, "":
+	case v1alpha1.KeyNone:
 		l.Key = maps.KeyNone
 	case v1alpha1.KeySrcIP:
 		l.Key = maps.KeySrcIP
@@ -50,25 +57,20 @@ func toMapsLimit(spec *v1alpha1.RateLimitSpec, share Share) (maps.Limit, error) 
 		l.Key = maps.KeyDstPort
 	case v1alpha1.KeySrcPrefix:
 		l.Key = maps.KeySrcPrefix
-		l.Prefix4, l.Prefix6 = 24, 64
-		if p := spec.PrefixLength; p != nil {
-			if p.IPv4 != 0 {
-				l.Prefix4 = p.IPv4
-			}
-			if p.IPv6 != 0 {
-				l.Prefix6 = p.IPv6
-			}
-		}
+		// Default gave a src-prefix key both lengths.
+		l.Prefix4, l.Prefix6 = spec.PrefixLength.IPv4, spec.PrefixLength.IPv6
 	default:
 		return maps.Limit{}, fmt.Errorf("key: %q is not supported by the data path", spec.Key)
 	}
 
 	m := &spec.Match
 	switch m.Direction {
-	case v1alpha1.DirectionIngress, "":
+	case v1alpha1.DirectionIngress:
 		l.Match.Direction = maps.Ingress
 	case v1alpha1.DirectionEgress:
 		l.Match.Direction = maps.Egress
+	default:
+		return maps.Limit{}, fmt.Errorf("match.direction: %q is not supported by the data path", m.Direction)
 	}
 	switch m.Protocol {
 	case v1alpha1.ProtocolTCP:
@@ -77,8 +79,10 @@ func toMapsLimit(spec *v1alpha1.RateLimitSpec, share Share) (maps.Limit, error) 
 		l.Match.Protocol = maps.UDP
 	case v1alpha1.ProtocolICMP:
 		l.Match.Protocol = maps.ICMP
-	default:
+	case v1alpha1.ProtocolAny:
 		l.Match.Protocol = maps.AnyProtocol
+	default:
+		return maps.Limit{}, fmt.Errorf("match.protocol: %q is not supported by the data path", m.Protocol)
 	}
 	for i, s := range m.DstPorts {
 		first, last, err := v1alpha1.ParsePortRange(s)

@@ -26,9 +26,20 @@ var (
 	descKeys            = desc("limit_keys", "Live buckets of a keyed limit.", "limit")
 	descNewKeys         = desc("limit_new_keys_total", "Buckets created for keys seen for the first time.", "limit")
 	descEvictions       = desc("limit_evictions_total", "Buckets evicted to make room for other keys: the bucket map is too small if this grows.", "limit")
-	descMatchOverflow   = desc("datapath_match_overflow_total", "Packets that matched more limits than the data path enforces on one packet.")
+	descLimitState      = desc("limit_state", "1 for what became of the limit on this node, 0 for the other states: applied (enforced at its share), clamped (share clamped to the data path's range), rejected (does not fit the data path; see rlagent status).", "limit", "state")
+	descMatchOverflow   = desc("datapath_match_overflow_total", "Packets that matched more limits than the data path checks on one packet (16).")
+	descFailClosed      = desc("datapath_fail_closed_total", "Packets dropped because a drop limit they matched was beyond the 16 the data path checks on one packet.")
+	descL4Unknown       = desc("datapath_l4_unknown_packets_total", "IP packets whose transport header could not be found (long or unknown IPv6 header chains, tiny or orphan fragments, many VLAN tags): charged to every limit that could match them.")
+	descProtected       = desc("datapath_protected_packets_total", "Packets a protect rule passed before any limit was looked at.")
+	descFragFirst       = desc("datapath_fragments_first_total", "First fragments recorded so that their datagram's later fragments are charged to the same limits.")
+	descFragUnseen      = desc("datapath_fragments_unseen_total", "Later fragments whose first fragment was not seen (L4-unknown).")
+	descCacheBypass     = desc("datapath_key_cache_bypass_total", "Keyed checks that drew from the shared pool directly: the packet held both ways of the bucket's cache set.")
 	descPoolFull        = desc("datapath_pool_full_total", "New keys that found no room in the bucket map and were passed unlimited.")
 	descLeaseContended  = desc("datapath_lease_contended_total", "Leases that gave up on a contended bucket (the packet was rejected).")
+	// Health (collected by health, not collector: it reads no map).
+	descInterfaceAttached    = desc("interface_attached", "1 while the data path is attached to the configured interface, 0 while it is missing or the attach failed (its traffic passes unlimited). mode: native or generic.", "interface", "mode")
+	descReconcileLastSuccess = desc("reconcile_last_success_timestamp_seconds", "When a reconcile last applied the desired state (Unix time).")
+	descReady                = desc("ready", "1 while /readyz answers 200: every interface attached and the last reconcile applied.")
 )
 
 // collector reads the data path on every scrape.
@@ -39,7 +50,8 @@ type collector struct {
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descAdmittedPackets, descAdmittedBytes, descDroppedPackets, descDroppedBytes,
 		descShadowPackets, descShadowBytes, descShare, descShareBurst, descGlobalRate, descReplicas, descAge, descStale,
-		descKeys, descNewKeys, descEvictions, descMatchOverflow, descPoolFull, descLeaseContended} {
+		descKeys, descNewKeys, descEvictions, descLimitState, descMatchOverflow, descPoolFull, descLeaseContended,
+		descFailClosed, descL4Unknown, descProtected, descFragFirst, descFragUnseen, descCacheBypass} {
 		ch <- d
 	}
 }
@@ -76,8 +88,21 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descKeys, float64(l.Keys), l.Name)
 		counter(descNewKeys, l.Totals.NewKeys, l.Name)
 		counter(descEvictions, l.Evictions, l.Name)
+		for _, st := range []maps.MetaState{maps.Applied, maps.Clamped, maps.Rejected} {
+			v := 0.0
+			if l.State == st.String() {
+				v = 1
+			}
+			gauge(descLimitState, v, l.Name, st.String())
+		}
 	}
 	counter(descMatchOverflow, g.MatchOverflow)
 	counter(descPoolFull, g.PoolFull)
 	counter(descLeaseContended, g.LeaseContended)
+	counter(descFailClosed, g.FailClosed)
+	counter(descL4Unknown, g.L4Unknown)
+	counter(descProtected, g.Protected)
+	counter(descFragFirst, g.FragFirst)
+	counter(descFragUnseen, g.FragUnseen)
+	counter(descCacheBypass, g.CacheBypass)
 }

@@ -1,10 +1,12 @@
 package agent
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net/netip"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -22,103 +24,370 @@ const (
 	scopeService = 3
 )
 
-// desiredLimit is one limit of the desired state.
+// noID marks a limit that got no id: every id of the data path is taken.
+const noID = ^uint32(0)
+
+// desiredLimit is one limit of the desired state, and, once reconcile has
+// tried it, what became of it.
 type desiredLimit struct {
-	name  string
-	spec  *v1alpha1.RateLimitSpec
-	limit maps.Limit
-	meta  maps.Meta
-	warn  string
+	name   string
+	id     uint32          // noID: no id was free
+	source *v1alpha1.Limit // as configured, for re-division if a later version does not fit
+	limit  maps.Limit
+	meta   maps.Meta // without State and Note
+	warn   string
+	// unfit says why the limit cannot be installed before any write is
+	// tried (no id, a spec the data path cannot express), or nil.
+	unfit error
+
+	// Set by reconcile: what is enforced, and why it is not the limit as
+	// configured (state and note, see maps.MetaState).
+	state    maps.MetaState
+	note     string
+	enforced *v1alpha1.Limit // the version in the data path; nil: none, or not known
+	full     *maps.Limit     // the version the prefix tables had no room for, if any
+	fullErr  error           // why
+}
+
+// outcome is what became of a limit at the last reconcile: what status,
+// the metrics and the RateLimit's condition report, and what is enforced.
+type outcome struct {
+	id       uint32
+	state    maps.MetaState
+	note     string
+	enforced *v1alpha1.Limit
+	meta     maps.Meta // as recorded (for a limit with no id, only here)
+	// full is the version the prefix tables last had no room for (and
+	// fullErr why): it is not tried again until room is freed.
+	full    *maps.Limit
+	fullErr error
 }
 
 // reconcile makes the maps hold cfg's limits divided by the current
-// counts. It checks the whole desired state before writing any of it, and
-// writes only what changed. Callers hold a.mu.
+// counts, and writes only what changed. Callers hold a.mu.
+//
+// Each limit is checked and installed alone: one that does not fit the data
+// path (no free id, more prefixes than its tables hold) is reported and
+// skipped, and the others are applied all the same; a share above the data
+// path's range is clamped and reported. A limit whose new version does not
+// fit keeps its previous version (re-divided by the current count when the
+// agent knows it), so a change never leaves traffic unlimited. Limits claim
+// room in a fixed order: those in the data path first, by id, then the
+// others by id (new limits get ids in name order), so the ones that no
+// longer fit are always the last comers.
+//
+// A limit that does not fit is not an error of the reconcile: the error
+// reports failures to write the maps, which no config can fix.
 func (a *Agent) reconcile() error {
 	if a.k8s != nil && !a.k8s.Synced() {
 		// Until the caches hold the cluster's limits, what the pins hold
 		// stands: an empty cache must not delete every limit.
 		return nil
 	}
-	desired, err := a.desired()
-	if err != nil {
-		return err
+	if a.outcomes == nil {
+		a.outcomes = make(map[string]*outcome)
 	}
-	byID := make(map[uint32]maps.Limit, len(desired))
-	for id, d := range desired {
-		byID[id] = d.limit
-	}
-	if err := a.dp.Check(byID); err != nil {
-		return fmt.Errorf("config does not fit the data path: %w", err)
-	}
+	plan := a.desired()
 
 	var errs []error
-	for id := range a.applied {
-		if _, ok := desired[id]; ok {
-			continue
+	// What is no longer desired goes first, entry and metadata, whether it
+	// was applied or only reported: it leaves nothing behind, and its room
+	// is free for the limits below.
+	keep := make(map[uint32]bool, len(plan))
+	for _, d := range plan {
+		if d.id != noID {
+			keep[d.id] = true
 		}
-		if err := a.dp.DeleteLimit(id); err != nil && !errors.Is(err, maps.ErrUnknownLimit) {
-			errs = append(errs, err)
-			continue
-		}
-		for name, nid := range a.ids {
-			if nid == id {
-				delete(a.ids, name)
-				a.log.Info("limit removed", "limit", name)
-			}
-		}
-		delete(a.applied, id)
-		delete(a.meta, id)
 	}
-	for id, d := range desired {
-		if cur, ok := a.applied[id]; !ok || !reflect.DeepEqual(cur, d.limit) {
-			if err := a.dp.SetLimit(id, d.limit); err != nil {
-				errs = append(errs, fmt.Errorf("limit %s: %w", d.name, err))
-				continue
-			}
-			a.applied[id] = d.limit
-			a.log.Info("limit set", "limit", d.name, "replicas", d.meta.Replicas,
-				"share_rate", d.limit.Rate, "share_burst", d.limit.Burst, "global_rate", d.meta.GlobalRate)
-		}
-		a.ids[d.name] = id
-		m := d.meta
-		// The counter snapshot is the snapshot loop's.
-		prev := a.meta[id]
-		m.SnapAt, m.SnapAdmitted, m.SnapDropped, m.SnapShadow = prev.SnapAt, prev.SnapAdmitted, prev.SnapDropped, prev.SnapShadow
-		if prev != m {
-			if err := a.dp.SetMeta(id, m); err != nil {
+	var p pass
+	for _, id := range a.knownIDs() {
+		if !keep[id] {
+			if err := a.remove(id); err != nil {
 				errs = append(errs, err)
 				continue
 			}
-			a.meta[id] = m
+			p.freed = true
 		}
-		if d.warn != a.warned[d.name] {
-			if d.warn != "" {
-				a.log.Warn(d.warn, "limit", d.name, "replicas", d.meta.Replicas, "share_rate", d.limit.Rate)
+	}
+	if p.freed && slices.ContainsFunc(plan, func(d *desiredLimit) bool { return d.id == noID }) {
+		// The ids just freed are free now (their limits' buckets and
+		// counters are gone): the limits that found none take them.
+		plan = a.desired()
+	}
+	// Changes that need no new room in the prefix tables (count changes
+	// above all) first, then those that do, each pass in the plan's order:
+	// a limit that grows is checked against tables where the others have
+	// already shrunk, and before any limit that comes after it.
+	grows := make([]bool, len(plan))
+	for i, d := range plan {
+		grows[i] = a.grows(d)
+	}
+	for _, growing := range []bool{false, true} {
+		for i, d := range plan {
+			if grows[i] != growing {
+				continue
 			}
-			a.warned[d.name] = d.warn
+			if err := a.install(d, &p); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	inPlan := make(map[string]bool, len(plan))
+	for _, d := range plan {
+		inPlan[d.name] = true
+		if err := a.record(d); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for name := range a.outcomes {
+		if !inPlan[name] {
+			delete(a.outcomes, name)
 		}
 	}
 	return errors.Join(errs...)
 }
 
-// desired computes the desired state: an id for every limit (a limit keeps
-// its id for life; a new limit never takes the id of one removed in the same
-// pass, which would inherit its buckets), its share and its map entry.
-func (a *Agent) desired() (map[uint32]*desiredLimit, error) {
-	limits := a.limits()
-	out := make(map[uint32]*desiredLimit, len(limits))
-	used := make(map[uint32]bool, len(a.applied))
+// knownIDs are the ids the agent has given out or written: names, entries
+// and metadata.
+func (a *Agent) knownIDs() []uint32 {
+	seen := make(map[uint32]bool, len(a.applied)+len(a.meta)+len(a.ids))
+	for id := range a.applied {
+		seen[id] = true
+	}
+	for id := range a.meta {
+		seen[id] = true
+	}
+	for _, id := range a.ids {
+		seen[id] = true
+	}
+	ids := make([]uint32, 0, len(seen))
+	for id := range seen {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// remove deletes the limit with this id: its entry if it has one, and its
+// metadata in any case.
+func (a *Agent) remove(id uint32) error {
+	if _, ok := a.applied[id]; ok {
+		// DeleteLimit clears the metadata too.
+		if err := a.dp.DeleteLimit(id); err != nil && !errors.Is(err, maps.ErrUnknownLimit) {
+			return err
+		}
+	} else if err := a.dp.SetMeta(id, maps.Meta{}); err != nil {
+		return err
+	}
+	for name, nid := range a.ids {
+		if nid == id {
+			delete(a.ids, name)
+			a.log.Info("limit removed", "limit", name)
+		}
+	}
+	delete(a.applied, id)
+	delete(a.meta, id)
+	delete(a.pending, id)
+	return nil
+}
+
+// grows reports whether installing d may need room the data path's prefix
+// tables do not give it now: a new limit, or one whose prefixes are not all
+// among those it has.
+func (a *Agent) grows(d *desiredLimit) bool {
+	cur, ok := a.applied[d.id]
+	if !ok {
+		return true
+	}
+	return !subset(d.limit.Match.SrcCIDRs, cur.Match.SrcCIDRs) || !subset(d.limit.Match.DstCIDRs, cur.Match.DstCIDRs)
+}
+
+func subset(ps, of []netip.Prefix) bool {
+	for _, p := range ps {
+		if !slices.Contains(of, p) {
+			return false
+		}
+	}
+	return true
+}
+
+// pass is one reconcile's bookkeeping.
+type pass struct {
+	// freed: a limit left the data path or changed its match in this pass,
+	// so the prefix tables may have room they had not when a limit was last
+	// found not to fit. Until then, what did not fit still does not (the
+	// tables only gained prefixes), and is not tried again: a count change
+	// does not pay a classifier build per rejected limit.
+	freed bool
+}
+
+// install writes d's entry if it changed. If it cannot, an installed limit
+// keeps its previous version: re-divided by the current count when its spec
+// is known, else as it is. The error is a failed map write only: a limit
+// that does not fit is reported in d, not returned.
+func (a *Agent) install(d *desiredLimit, p *pass) error {
+	cur, installed := a.applied[d.id]
+	if d.id == noID {
+		return nil
+	}
+	o := a.outcomes[d.name]
+	err := d.unfit
+	if err == nil {
+		if installed && reflect.DeepEqual(cur, d.limit) {
+			d.enforced = d.source
+			return nil
+		}
+		err = d.limit.Validate()
+	}
+	var writeErr error
+	switch {
+	case err != nil:
+	case o != nil && o.full != nil && !p.freed && samePrefixes(o.full, &d.limit):
+		d.full, err = o.full, o.fullErr // the same prefixes, no more room
+	default:
+		if err = a.set(p, d.id, d.name, d.limit, d.meta); err == nil {
+			d.enforced = d.source
+			return nil
+		}
+		if errors.Is(err, maps.ErrTableFull) {
+			if inner := errors.Unwrap(err); inner != nil {
+				err = inner // without SetLimit's "set limit ID: "
+			}
+			d.full = &d.limit
+		} else {
+			// Not a limit that does not fit: the write failed, and
+			// SetLimit left the previous version, if any, as it was.
+			writeErr = fmt.Errorf("limit %s: %w", d.name, err)
+		}
+	}
+	d.fullErr = err
+	d.state = maps.Rejected
+	switch {
+	case writeErr != nil:
+		d.note = "not applied: " + err.Error()
+	case installed:
+		d.note = "this version does not fit, the previous one stays enforced: " + err.Error()
+	default:
+		d.note = "does not fit: " + err.Error()
+	}
+	if !installed {
+		return writeErr
+	}
+	if writeErr == nil && o != nil && o.enforced != nil && !reflect.DeepEqual(o.enforced, d.source) {
+		// The previous version, divided by the current count.
+		if prev := a.divideLimit(o.enforced); prev != nil && prev.unfit == nil && prev.limit.Validate() == nil &&
+			(reflect.DeepEqual(cur, prev.limit) || a.set(p, d.id, d.name, prev.limit, prev.meta) == nil) {
+			d.meta, d.enforced = prev.meta, o.enforced
+			return nil
+		}
+	}
+	// As it is: the previous version with its last share.
+	if m, ok := a.meta[d.id]; ok {
+		d.meta = m
+	}
+	if o != nil {
+		d.enforced = o.enforced
+	}
+	return writeErr
+}
+
+// samePrefixes reports whether two limits have the same source and
+// destination prefixes: all that decides whether a limit fits the prefix
+// tables.
+func samePrefixes(x, y *maps.Limit) bool {
+	return slices.Equal(x.Match.SrcCIDRs, y.Match.SrcCIDRs) && slices.Equal(x.Match.DstCIDRs, y.Match.DstCIDRs)
+}
+
+// set writes l as the entry of the limit with this id.
+func (a *Agent) set(p *pass, id uint32, name string, l maps.Limit, m maps.Meta) error {
+	old, had := a.applied[id]
+	if err := a.dp.SetLimit(id, l); err != nil {
+		return err
+	}
+	if had && !reflect.DeepEqual(old.Match, l.Match) {
+		p.freed = true
+	}
+	a.applied[id] = l
+	a.log.Info("limit set", "limit", name, "replicas", m.Replicas,
+		"share_rate", l.Rate, "share_burst", l.Burst, "global_rate", m.GlobalRate)
+	return nil
+}
+
+// record writes d's metadata, logs a change of what became of it once, and
+// keeps it for status and the RateLimit's condition.
+func (a *Agent) record(d *desiredLimit) error {
+	if d.id == noID {
+		d.state, d.note = maps.Rejected, "does not fit: "+d.unfit.Error()
+	}
+	m := d.meta
+	m.State, m.Note = d.state, d.note
+	o, seen := a.outcomes[d.name]
+	if !seen {
+		o = &outcome{}
+		a.outcomes[d.name] = o
+	}
+	if !seen || o.state != d.state || o.note != d.note {
+		_, kept := a.applied[d.id]
+		switch {
+		case d.state == maps.Rejected && kept:
+			a.log.Warn("limit change not applied; the previous version stays enforced", "limit", d.name, "reason", d.note)
+		case d.state == maps.Rejected:
+			a.log.Warn("limit not applied", "limit", d.name, "reason", d.note)
+		case d.state == maps.Clamped:
+			a.log.Warn("limit clamped", "limit", d.name, "reason", d.note)
+		case seen && o.state != maps.Applied:
+			a.log.Info("limit applied as configured", "limit", d.name)
+		}
+	}
+	o.id, o.state, o.note, o.enforced, o.meta = d.id, d.state, d.note, d.enforced, m
+	o.full, o.fullErr = d.full, d.fullErr
+	if d.warn != a.warned[d.name] {
+		if d.warn != "" {
+			a.log.Warn(d.warn, "limit", d.name, "replicas", d.meta.Replicas, "share_rate", d.limit.Rate)
+		}
+		a.warned[d.name] = d.warn
+	}
+	if d.id == noID {
+		return nil
+	}
+	a.ids[d.name] = d.id
+	// The counter snapshot is the snapshot loop's.
+	prev, had := a.meta[d.id]
+	m.SnapAt, m.SnapAdmitted, m.SnapDropped, m.SnapShadow = prev.SnapAt, prev.SnapAdmitted, prev.SnapDropped, prev.SnapShadow
+	if had && prev == m {
+		return nil
+	}
+	if err := a.dp.SetMeta(d.id, m); err != nil {
+		return err
+	}
+	a.meta[d.id] = m
+	return nil
+}
+
+// desired computes the desired state: an id for every limit, its share and
+// its map entry, in the order limits claim room in the data path (see
+// reconcile). A limit keeps its id for life, installed or not; a new limit
+// never takes the id of one removed in the same pass (it would inherit its
+// buckets); new limits take the free ids in name order, and one that finds
+// none is rejected.
+func (a *Agent) desired() []*desiredLimit {
+	limits := slices.Clone(a.limits())
+	slices.SortFunc(limits, func(x, y v1alpha1.Limit) int { return strings.Compare(x.Name, y.Name) })
+	used := make(map[uint32]bool, len(a.applied)+len(a.meta))
 	for id := range a.applied {
 		used[id] = true
 	}
+	for id := range a.meta {
+		used[id] = true
+	}
+	for _, id := range a.ids {
+		used[id] = true
+	}
+	out := make([]*desiredLimit, 0, len(limits))
 	next := uint32(0)
 	for i := range limits {
 		l := &limits[i]
-		d, err := a.divideLimit(l)
-		if err != nil {
-			return nil, fmt.Errorf("limits[%d] (%s): %w", i, l.Name, err)
-		}
+		d := a.divideLimit(l)
 		if d == nil {
 			continue // nothing to enforce on this node
 		}
@@ -127,15 +396,32 @@ func (a *Agent) desired() (map[uint32]*desiredLimit, error) {
 			for next < maps.MaxLimits && used[next] {
 				next++
 			}
-			if next >= maps.MaxLimits {
-				return nil, fmt.Errorf("limits[%d] (%s): more than %d limits on this node", i, l.Name, maps.MaxLimits)
+			if next < maps.MaxLimits {
+				id = next
+				used[id] = true
+			} else {
+				id = noID
+				d.unfit = fmt.Errorf("the data path holds %d limits and every id is taken (new limits take the free ones in name order)", maps.MaxLimits)
 			}
-			id = next
-			used[id] = true
 		}
-		out[id] = d
+		d.id = id
+		out = append(out, d)
 	}
-	return out, nil
+	slices.SortStableFunc(out, func(x, y *desiredLimit) int {
+		_, xin := a.applied[x.id]
+		_, yin := a.applied[y.id]
+		switch {
+		case xin != yin:
+			if xin {
+				return -1
+			}
+			return 1
+		case x.id != y.id:
+			return cmp.Compare(x.id, y.id)
+		}
+		return strings.Compare(x.name, y.name)
+	})
+	return out
 }
 
 // limits are the limits to enforce: the config file's, or in a cluster the
@@ -171,13 +457,14 @@ func (a *Agent) observe(l *v1alpha1.Limit) watcher.Observation {
 // divideLimit divides one limit by its count. It returns nil for a
 // service-scoped limit with no endpoint on this node: no traffic of that
 // Service arrives here, and without endpoint addresses the limit would match
-// all of the node's traffic.
-func (a *Agent) divideLimit(l *v1alpha1.Limit) (*desiredLimit, error) {
+// all of the node's traffic. A share above the data path's range is clamped
+// (state Clamped); a spec the data path cannot express is unfit.
+func (a *Agent) divideLimit(l *v1alpha1.Limit) *desiredLimit {
 	spec := &l.RateLimitSpec
 	obs := a.observe(l)
 	burst := spec.EffectiveBurst()
 	service := spec.Scope == v1alpha1.ScopeService
-	share := divide(spec.Rate, burst, service, obs)
+	share, clamped := divide(spec.Rate, burst, service, obs).fit()
 	if service {
 		var local []watcher.Endpoint
 		var ports []watcher.EndpointPort
@@ -185,30 +472,25 @@ func (a *Agent) divideLimit(l *v1alpha1.Limit) (*desiredLimit, error) {
 			local, ports = a.k8s.LocalEndpoints(l.Name)
 		}
 		if len(local) == 0 {
-			return nil, nil
+			return nil
 		}
 		spec = serviceSpec(spec, local, ports)
 	}
-	ml, err := toMapsLimit(spec, share)
-	if err != nil {
-		return nil, err
-	}
 	scope := uint8(scopeStatic)
-	switch string(spec.Scope) {
-	case "nodes":
+	switch spec.Scope {
+	case v1alpha1.ScopeNodes:
 		scope = scopeNodes
-	case "service":
+	case v1alpha1.ScopeService:
 		scope = scopeService
 	default:
 		if a.cfg.Count.File != "" {
 			scope = scopeFile
 		}
 	}
-	return &desiredLimit{
-		name:  l.Name,
-		spec:  spec,
-		limit: ml,
-		warn:  share.Warning,
+	d := &desiredLimit{
+		name:   l.Name,
+		source: l,
+		warn:   share.Warning,
 		meta: maps.Meta{
 			Name:        l.Name,
 			GlobalRate:  spec.Rate,
@@ -219,7 +501,17 @@ func (a *Agent) divideLimit(l *v1alpha1.Limit) (*desiredLimit, error) {
 			Observed:    obs.At,
 			Stale:       obs.Err != nil,
 		},
-	}, nil
+	}
+	if clamped != "" {
+		d.state, d.note = maps.Clamped, clamped
+	}
+	ml, err := toMapsLimit(spec, share)
+	if err != nil {
+		d.unfit = err
+		return d
+	}
+	d.limit = ml
+	return d
 }
 
 // snapshot records each limit's counters, for status to compute rates.
@@ -230,14 +522,18 @@ func (a *Agent) snapshot() {
 	defer a.mu.Unlock()
 	now := time.Now()
 	for id, m := range a.meta {
-		st, err := a.dp.Stats(id)
-		if err != nil {
-			continue
+		// A limit without an entry (rejected) has no counters, but its
+		// observation ages all the same.
+		if _, set := a.applied[id]; set {
+			st, err := a.dp.Stats(id)
+			if err != nil {
+				continue
+			}
+			if prev, ok := a.pending[id]; ok {
+				m.SnapAt, m.SnapAdmitted, m.SnapDropped, m.SnapShadow = prev.at, prev.admitted, prev.dropped, prev.shadow
+			}
+			a.pending[id] = counterSnap{now, st.AdmittedPackets, st.DroppedPackets, st.ShadowPackets}
 		}
-		if prev, ok := a.pending[id]; ok {
-			m.SnapAt, m.SnapAdmitted, m.SnapDropped, m.SnapShadow = prev.at, prev.admitted, prev.dropped, prev.shadow
-		}
-		a.pending[id] = counterSnap{now, st.AdmittedPackets, st.DroppedPackets, st.ShadowPackets}
 		// The observation age moves on its own; refresh it with the counts.
 		obs := a.observeName(m.Name)
 		m.Observed, m.Stale = obs.At, obs.Err != nil
@@ -256,9 +552,21 @@ type counterSnap struct {
 func (a *Agent) readStatus() ([]LimitStatus, maps.GlobalStats, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	st, err := readStatus(a.dp, time.Now())
+	now := time.Now()
+	st, err := readStatus(a.dp.Reader(), now)
 	if err != nil {
 		return nil, maps.GlobalStats{}, err
+	}
+	// Limits that got no id have no metadata in the pins: only the agent
+	// knows them.
+	for name, o := range a.outcomes {
+		if o.id == noID {
+			st = append(st, LimitStatus{
+				Name: name, ID: noID, Scope: scopeName(o.meta.Scope), State: o.state.String(), Note: o.note,
+				GlobalRate: o.meta.GlobalRate, GlobalBurst: o.meta.GlobalBurst, Replicas: o.meta.Replicas, Local: o.meta.Local,
+				ObservationAge: observationAge(o.meta, now), Stale: o.meta.Stale,
+			})
+		}
 	}
 	g, err := a.dp.GlobalStats()
 	return st, g, err
@@ -293,4 +601,23 @@ func serviceSpec(spec *v1alpha1.RateLimitSpec, local []watcher.Endpoint, ports [
 		}
 	}
 	return &s
+}
+
+// pinnedIDs are the ids an earlier agent left in the pins: the limits set,
+// and those it recorded without an entry (limits it could not apply), whose
+// metadata the first reconcile rewrites or removes. If the metadata cannot
+// be listed, only the limits set.
+func pinnedIDs(dp *maps.Datapath) []uint32 {
+	ids := dp.IDs()
+	meta, err := dp.MetaIDs()
+	if err != nil {
+		return ids
+	}
+	for _, id := range meta {
+		if !slices.Contains(ids, id) {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	return ids
 }

@@ -125,45 +125,9 @@ func TestReconcileFollowsCount(t *testing.T) {
 	}
 }
 
-// A config that does not fit is rejected whole: nothing of it is written.
-func TestReconcileRejectsWhole(t *testing.T) {
-	src := &fakeSource{}
-	src.set(1)
-	a := newTestAgent(t, twoLimits, src)
-	mustReconcile(t, a)
-	before := shareOf(t, a, "dns")
-
-	// A new first limit that is fine, and a second whose share exceeds
-	// what the data path takes: neither may be applied.
-	bad, err := v1alpha1.ParseConfig([]byte(`
-interfaces: [lo]
-limits:
-- name: dns
-  rate: 50000
-  match: {protocol: udp, dstPorts: ["53"]}
-- name: huge
-  rate: 900000000000
-  match: {protocol: tcp}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	old := a.cfg
-	a.cfg = bad
-	if err := a.reconcile(); err == nil {
-		t.Fatal("reconcile of a config whose share exceeds the data path succeeded")
-	}
-	a.cfg = old
-	if got := shareOf(t, a, "dns"); got.Rate != before.Rate {
-		t.Fatalf("dns share changed to %d by a rejected config", got.Rate)
-	}
-	if _, ok := a.ids["huge"]; ok {
-		t.Fatal("limit of a rejected config got an id")
-	}
-	if ids := a.dp.IDs(); len(ids) != 2 {
-		t.Fatalf("data path holds %d limits, want the 2 of the old config", len(ids))
-	}
-}
+// A limit that does not fit the data path no longer stops the others:
+// isolation_test.go. (A config file that fails validation is still rejected
+// whole, before it reaches reconcile.)
 
 // Removing a limit deletes it; a limit added in the same pass does not take
 // its id (it would inherit the old buckets).

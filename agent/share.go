@@ -1,6 +1,11 @@
 package agent
 
-import "github.com/rlagent/rlagent/watcher"
+import (
+	"fmt"
+
+	"github.com/rlagent/rlagent/maps"
+	"github.com/rlagent/rlagent/watcher"
+)
 
 // Share is a limit's part at this node.
 type Share struct {
@@ -52,4 +57,23 @@ func divide(rate, burst uint64, service bool, o watcher.Observation) Share {
 		s.Warning = "node share below 1 unit/s raised to 1: the nodes together may admit more than the global rate"
 	}
 	return s
+}
+
+// fit keeps a share within the data path's range: a rate above
+// maps.MaxRate is lowered to it (and the burst with it, by toMapsLimit), and
+// note says so; otherwise note is "".
+//
+// Validation bounds the global rate by the same maximum (the count can fall
+// to 1), so only a spec that skipped validation gets here; a clamped share
+// is still enforced, never refused: refusing it would leave the traffic
+// unlimited, and a share too large for the data path is a share that does
+// not limit much anyway.
+func (s Share) fit() (_ Share, note string) {
+	if s.Rate <= maps.MaxRate {
+		return s, ""
+	}
+	note = fmt.Sprintf("node share %d units/s is above the data path's maximum of %d per node: clamped to %d", s.Rate, maps.MaxRate, maps.MaxRate)
+	s.Rate = maps.MaxRate
+	s.Burst = min(s.Burst, maps.MaxBurstSeconds*maps.MaxRate)
+	return s, note
 }

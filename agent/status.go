@@ -27,6 +27,15 @@ type LimitStatus struct {
 	Action      string `json:"action"`
 	GlobalRate  uint64 `json:"globalRate"`
 	GlobalBurst uint64 `json:"globalBurst"`
+	// State is what became of the limit on this node: applied (enforced
+	// at its share), clamped (enforced, its share clamped to the data
+	// path's range) or rejected (it does not fit the data path); Note says
+	// why it is not applied. Enforced says whether the data path holds an
+	// entry for it: a rejected limit is enforced when the version that did
+	// not fit replaced one that did, which stays (Note says so).
+	State    string `json:"state"`
+	Note     string `json:"note,omitempty"`
+	Enforced bool   `json:"enforced"`
 	// Replicas is the observed count the global rate is divided by.
 	Replicas uint32 `json:"replicas"`
 	Local    uint32 `json:"local,omitempty"`
@@ -48,33 +57,53 @@ type LimitStatus struct {
 }
 
 // readStatus reads every limit of d. now is the wall clock.
-func readStatus(d *maps.Datapath, now time.Time) ([]LimitStatus, error) {
+func readStatus(d *maps.Reader, now time.Time) ([]LimitStatus, error) {
 	keys, err := d.KeyCounts()
 	if err != nil {
 		return nil, err
 	}
+	// The limits set, and those the agent records without an entry.
+	ids := d.IDs()
+	set := make(map[uint32]bool, len(ids))
+	for _, id := range ids {
+		set[id] = true
+	}
+	recorded, err := d.MetaIDs()
+	if err != nil {
+		return nil, err
+	}
+	for _, id := range recorded {
+		if !set[id] {
+			ids = append(ids, id)
+		}
+	}
 	var out []LimitStatus
-	for _, id := range d.IDs() {
-		l, err := d.Limit(id)
-		if err != nil {
-			return nil, err
+	for _, id := range ids {
+		var l maps.Limit
+		if set[id] {
+			if l, err = d.Limit(id); err != nil {
+				return nil, err
+			}
 		}
 		m, err := d.Meta(id)
 		if err != nil {
 			return nil, err
 		}
-		st, err := d.Stats(id)
-		if err != nil {
-			return nil, err
+		var st maps.Stats
+		if set[id] {
+			if st, err = d.Stats(id); err != nil {
+				return nil, err
+			}
 		}
 		s := LimitStatus{
 			Name:        m.Name,
 			ID:          id,
 			Scope:       scopeName(m.Scope),
-			Unit:        l.Unit.String(),
-			Action:      l.Action.String(),
 			GlobalRate:  m.GlobalRate,
 			GlobalBurst: m.GlobalBurst,
+			State:       m.State.String(),
+			Note:        m.Note,
+			Enforced:    set[id],
 			Replicas:    m.Replicas,
 			Local:       m.Local,
 			Stale:       m.Stale,
@@ -86,15 +115,12 @@ func readStatus(d *maps.Datapath, now time.Time) ([]LimitStatus, error) {
 		if s.Name == "" {
 			s.Name = fmt.Sprintf("limit-%d", id)
 		}
-		switch {
-		case !m.Observed.IsZero():
-			s.ObservationAge = max(now.Sub(m.Observed).Seconds(), 0)
-		case m.Scope == 0:
-			s.ObservationAge = 0
-		default:
-			s.ObservationAge = -1
+		if set[id] {
+			// Unit and action are the entry's: a limit without one shows none.
+			s.Unit, s.Action = l.Unit.String(), l.Action.String()
 		}
-		if l.Key != maps.KeyNone {
+		s.ObservationAge = observationAge(m, now)
+		if set[id] && l.Key != maps.KeyNone {
 			created := st.NewKeys + st.ReturnedKeys
 			s.Evictions = created - min(created, uint64(keys[id]))
 		}
@@ -118,6 +144,17 @@ func readStatus(d *maps.Datapath, now time.Time) ([]LimitStatus, error) {
 		return 0
 	})
 	return out, nil
+}
+
+// observationAge is LimitStatus.ObservationAge.
+func observationAge(m maps.Meta, now time.Time) float64 {
+	switch {
+	case !m.Observed.IsZero():
+		return max(now.Sub(m.Observed).Seconds(), 0)
+	case m.Scope == scopeStatic:
+		return 0
+	}
+	return -1
 }
 
 // ReadStatus reads the status of every limit from the maps pinned in

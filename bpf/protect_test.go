@@ -74,8 +74,8 @@ func TestProtect(t *testing.T) {
 	// Later fragments follow their first: the datagram to port 22 is
 	// protected whole.
 	t.Run("fragments of a protected datagram", func(t *testing.T) {
-		first := with(tcp4p, func(p *pkt) { p.dport = 22; p.payload = 16 }).bytes()
-		first = patched(first, ipv4Off+4, 0x12, 0x34, 0x20, 0x00) // id 0x1234, MF
+		first := with(tcp4p, func(p *pkt) { p.dport = 22; p.payload = 20 }).bytes() // 40 bytes: 5 units
+		first = patched(first, ipv4Off+4, 0x12, 0x34, 0x20, 0x00)                   // id 0x1234, MF
 		later := with(tcp4p, func(p *pkt) { p.dport = 22; p.fragOff = 5 }).bytes()
 		later = patched(later, ipv4Off+4, 0x12, 0x34)
 		for _, b := range [][]byte{first, later} {
@@ -143,4 +143,3 @@ func TestProtectRejects(t *testing.T) {
 	}
 }
 
-var _ = netip.Prefix{}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"runtime"
+	"slices"
 	"testing"
 
 	"github.com/rlagent/rlagent/maps"
@@ -394,29 +395,108 @@ func TestZeroShareAdmitsNothing(t *testing.T) {
 	}
 }
 
-// More than RL_MAX_MATCH matching limits: the first ones (lowest ids) are
-// enforced and the packet is counted in match_overflow.
+// More than RL_MAX_MATCH (16) matching limits: the 16 lowest ids are
+// checked and the packet is counted in match_overflow. If a limit beyond them
+// has action drop, the packet is dropped (fail_closed) and none of the
+// checked limits draws a token or counts it; if they are all shadow limits,
+// the 16 checked decide. Before (issue 8), RL_MAX_MATCH was 8 and a packet
+// matching more passed on the first 8 alone, whatever the others were.
 func TestMatchOverflow(t *testing.T) {
-	defer pinCPU(t, 0)()
-	d := testDatapath(t)
-	for id := range uint32(maps.MaxMatch + 1) {
-		mustSet(t, d, id, perSecond(1000, 100))
+	m := uint32(maps.MaxMatch) // 16
+	p := udp4("10.0.0.1", "10.0.0.2", 53)
+	// Burst 1 and a stopped clock: a limit that drew for a packet has no
+	// token left for the next. (UDP/53 rather than match-all: a limit on
+	// one port rewrites one entry of the port table, not all of them.)
+	open := perSecond(1, 1)
+	shadow := open
+	shadow.Action = maps.Shadow
+	closed := gstats{overflow: 1, failClosed: 1}
+
+	for _, tc := range []struct {
+		name    string
+		limits  map[uint32]maps.Limit
+		verdict uint32
+		g       gstats
+		// admitted: the checked limits that count the packet admitted
+		// (and draw their token)
+		admitted []uint32
+	}{
+		{"MaxMatch drop limits", limitSet(seq(0, m), open), xdpPass, gNone, seq(0, m)},
+		{"MaxMatch+1 drop limits", limitSet(seq(0, m+1), open), xdpDrop, closed, nil},
+		{"MaxMatch+1 drop limits across words", limitSet(seq(64-m/2, 64+m/2+1), open), xdpDrop, closed, nil},
+		{"MaxMatch drop limits and one in the second word", limitSet(append(seq(0, m), 127), open), xdpDrop, closed, nil},
+		{"MaxMatch drop limits and MaxMatch shadow limits beyond", merge(limitSet(seq(0, m), open), limitSet(seq(m, 2*m), shadow)), xdpPass, gstats{overflow: 1}, seq(0, m)},
+		{"MaxMatch shadow limits and a drop limit beyond", merge(limitSet(seq(0, m), shadow), limitSet([]uint32{100}, open)), xdpDrop, closed, nil},
+		{"40 drop limits", limitSet(seq(0, 40), open), xdpDrop, closed, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// One CPU: the checked limits' tokens sit in its caches.
+			defer pinCPU(t, 0)()
+			d := testDatapath(t)
+			for id, l := range tc.limits {
+				mustSet(t, d, id, l)
+			}
+			before := globals(t, d)
+			if got := mustRun(t, d.Program(), p); got != tc.verdict {
+				t.Errorf("verdict %d, want %d", got, tc.verdict)
+			}
+			if g := globals(t, d).minus(before); g != tc.g {
+				t.Errorf("global counters moved by %+v, want %+v", g, tc.g)
+			}
+			for id := range tc.limits {
+				want := maps.Stats{}
+				if slices.Contains(tc.admitted, id) {
+					want = maps.Stats{AdmittedPackets: 1, AdmittedBytes: uint64(len(p))}
+				}
+				if got := mustStats(t, d, id); got != want {
+					t.Errorf("limit %d counted %s, want %s", id, nonzero(got), nonzero(want))
+				}
+			}
+			if tc.verdict == xdpPass {
+				return
+			}
+			// Nothing was drawn: with the limits beyond the 16 gone, the
+			// packet finds every checked bucket full.
+			var ids, checked []uint32
+			for id := range tc.limits {
+				ids = append(ids, id)
+			}
+			slices.Sort(ids)
+			for _, id := range ids {
+				if len(checked) < maps.MaxMatch {
+					checked = append(checked, id)
+				} else if err := d.DeleteLimit(id); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if got := mustRun(t, d.Program(), p); got != xdpPass {
+				t.Errorf("the %d checked limits alone: verdict %d, want pass (a token was drawn by the dropped packet)", len(checked), got)
+			}
+			for _, id := range checked {
+				if st := mustStats(t, d, id); st.AdmittedPackets != 1 {
+					t.Errorf("limit %d admitted %d of the second packet, want 1", id, st.AdmittedPackets)
+				}
+			}
+		})
 	}
-	mustRun(t, d.Program(), udp4("10.0.0.1", "10.0.0.2", 53))
-	g, err := d.GlobalStats()
-	if err != nil {
-		t.Fatal(err)
+}
+
+// limitSet is l for each of ids.
+func limitSet(ids []uint32, l maps.Limit) map[uint32]maps.Limit {
+	m := make(map[uint32]maps.Limit, len(ids))
+	for _, id := range ids {
+		m[id] = l
 	}
-	if g.MatchOverflow != 1 {
-		t.Fatalf("match overflow %d, want 1", g.MatchOverflow)
+	return m
+}
+
+func merge(a, b map[uint32]maps.Limit) map[uint32]maps.Limit {
+	m := make(map[uint32]maps.Limit, len(a)+len(b))
+	for id, l := range a {
+		m[id] = l
 	}
-	for id := range uint32(maps.MaxMatch + 1) {
-		want := uint64(1)
-		if id == uint32(maps.MaxMatch) {
-			want = 0
-		}
-		if got := mustStats(t, d, id).AdmittedPackets; got != want {
-			t.Errorf("limit %d admitted %d, want %d", id, got, want)
-		}
+	for id, l := range b {
+		m[id] = l
 	}
+	return m
 }

@@ -732,12 +732,11 @@ __noinline int rl_decide_all(const struct pkt *p, const struct rl_mask *cand, __
  * (lease, new key, taking a cache way, stale generation) goes the general
  * way, with one candidate. */
 static __always_inline bool rl_decide_one(const struct pkt *p, const struct rl_config *cfg,
-					  const struct rl_mask *cand, __u32 id)
+					  const struct rl_mask *cand, __u32 id, __u64 now)
 {
 	struct rl_limit_cpu *lc;
 	struct rl_limit *lim = rl_limit_of(id, &lc);
 	struct rl_cache *c;
-	__u64 now = 0;
 	__u32 cost;
 	int state;
 
@@ -823,11 +822,11 @@ static __always_inline bool rl_decide_fast(const struct pkt *p, const struct rl_
 /* Resolves a fragment (frag.h) and counts it. A global function: its key
  * stays off the stack of the packet's main path, which the decision's
  * frames fill close to the verifier's 512 bytes. */
-__noinline int rl_frag(struct pkt *p)
+__noinline int rl_frag(struct pkt *p, __u64 *now)
 {
-	if (!p)
+	if (!p || !now)
 		return 0;
-	switch (rl_frag_resolve(p)) {
+	switch (rl_frag_resolve(p, now)) {
 	case 1:
 		rl_global_count(G_FRAG_FIRST);
 		break;
@@ -844,12 +843,16 @@ static __always_inline bool rl_decide(struct pkt *p, __u32 dir)
 {
 	struct rl_config *cfg;
 	struct rl_mask cand;
+	__u64 now = 0;	/* the clock, read at most once, where needed */
 	__u32 zero = 0;
 
-	if (p->frag != RL_FRAG_NONE)
-		rl_frag(p);
-	if (p->l4_unknown)
-		rl_global_count(G_L4_UNKNOWN);
+	/* One test on the common path for two rare cases. */
+	if (p->frag | p->l4_unknown) {
+		if (p->frag != RL_FRAG_NONE)
+			rl_frag(p, &now);
+		if (p->l4_unknown)
+			rl_global_count(G_L4_UNKNOWN);
+	}
 
 	cfg = bpf_map_lookup_elem(&rl_cfg, &zero);
 	if (!cfg)
@@ -863,10 +866,10 @@ static __always_inline bool rl_decide(struct pkt *p, __u32 dir)
 
 	/* Exactly one candidate: the common case. */
 	if (cand.w[0] ? !(cand.w[0] & (cand.w[0] - 1)) && !cand.w[1] : !(cand.w[1] & (cand.w[1] - 1)))
-		return rl_decide_one(p, cfg, &cand, cand.w[0] ? rl_ctz64(cand.w[0]) : 64 + rl_ctz64(cand.w[1]));
+		return rl_decide_one(p, cfg, &cand, cand.w[0] ? rl_ctz64(cand.w[0]) : 64 + rl_ctz64(cand.w[1]), now);
 	if (rl_decide_fast(p, &cand))
 		return true;
-	return rl_decide_all(p, &cand, 0);
+	return rl_decide_all(p, &cand, now);
 }
 
 SEC("xdp")

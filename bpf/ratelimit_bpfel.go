@@ -73,7 +73,6 @@ const (
 	RatelimitRlConstRL_STALE_NS          RatelimitRlConst = 10000000
 	RatelimitRlConstRL_MAX_RATE          RatelimitRlConst = 4000000000
 	RatelimitRlConstRL_MAX_BURST_SECONDS RatelimitRlConst = 3600
-	RatelimitRlConstRL_NO_SLOT           RatelimitRlConst = 4294967295
 	RatelimitRlConstRL_MAX_PROTECT       RatelimitRlConst = 32
 	RatelimitRlConstRL_PROTECT_SIDE      RatelimitRlConst = 131072
 )
@@ -100,12 +99,15 @@ const (
 
 type RatelimitRlFragInfo struct {
 	_         structs.HostLayout
+	SeenNs    uint64
 	Sport     uint16
 	Dport     uint16
 	Pclass    uint8
 	HasPorts  uint8
 	L4Unknown uint8
 	Pad       uint8
+	Next      uint16
+	Pad2      [3]uint16
 }
 
 type RatelimitRlFragKey struct {

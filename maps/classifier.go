@@ -112,7 +112,10 @@ func buildClassifier(limits map[uint32]*installed, prev *bpf.RatelimitRlConfig, 
 		setBit(&c.protoAny[classUnknown], id)
 		setBit(&c.protoAny[anyPort+classUnknown], id)
 		for _, cl := range m.Protocol.classes() {
-			setBit(&c.protoAny[anyPort+cl], id)
+			// A limit on ports matches only TCP and UDP, ports or not.
+			if len(m.DstPorts) == 0 || cl == classTCP || cl == classUDP {
+				setBit(&c.protoAny[anyPort+cl], id)
+			}
 		}
 		if len(m.DstPorts) == 0 {
 			for _, cl := range m.Protocol.classes() {

@@ -11,4 +11,9 @@
 // Sources here: Static (a fixed count) and File (one integer in a file,
 // polled). The Kubernetes sources (EndpointSlices, the agents' DaemonSet)
 // implement the same interface.
+//
+// APIServer is not a count source: it follows the addresses and ports the
+// agent's own API server connection carries (the endpoints of the Service
+// default/kubernetes, or the kubeconfig's host), which the agent protects
+// from every limit.
 package watcher

@@ -5,10 +5,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -22,7 +24,10 @@ const DefaultPollInterval = 200 * time.Millisecond
 //
 // A missing, empty or malformed file keeps the last good count; the change
 // of state is logged once, and the error is reported in the observation
-// until a read works again.
+// until a read works again. So does anything that is not a small regular
+// file: a FIFO, a device or a directory is refused without blocking, and a
+// file longer than a count is refused after reading its first bytes only,
+// so that neither can stall the poll loop or flood the log.
 type File struct {
 	path     string
 	interval time.Duration
@@ -96,10 +101,44 @@ func (f *File) Poll() bool {
 // ErrEmpty is reported for an empty count file.
 var ErrEmpty = errors.New("empty")
 
+// ErrNotRegular is reported for a count file that is not a regular file (a
+// FIFO, a socket, a device or a directory): reading one can block the poll
+// loop forever or never end.
+var ErrNotRegular = errors.New("not a regular file")
+
+// maxCountBytes is the most readCount reads: a replica count and some white
+// space. A longer file is not a count file, and is refused without reading
+// the rest of it.
+const maxCountBytes = 64
+
+// maxExcerpt bounds the part of a bad file quoted in an error (and so in the
+// log line), in bytes of the file.
+const maxExcerpt = 24
+
+// readCount reads the replica count at path. It never blocks and never reads
+// more than maxCountBytes+1 bytes: the file is opened with O_NONBLOCK (so a
+// FIFO without a writer does not hold the open), checked with fstat on the
+// open descriptor (not a stat of the path, which a FIFO renamed over the
+// path right after could get past), and read through a limit.
 func readCount(path string) (int, error) {
-	b, err := os.ReadFile(path)
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
 	if err != nil {
 		return 0, fmt.Errorf("read replica count: %w", err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return 0, fmt.Errorf("read replica count from %s: %w", path, err)
+	}
+	if !fi.Mode().IsRegular() {
+		return 0, fmt.Errorf("read replica count from %s: %w (%s)", path, ErrNotRegular, fileKind(fi.Mode()))
+	}
+	b, err := io.ReadAll(io.LimitReader(f, maxCountBytes+1))
+	if err != nil {
+		return 0, fmt.Errorf("read replica count from %s: %w", path, err)
+	}
+	if len(b) > maxCountBytes {
+		return 0, fmt.Errorf("read replica count from %s: more than %d bytes, not one integer (starts %s)", path, maxCountBytes, excerpt(b))
 	}
 	b = bytes.TrimSpace(b)
 	if len(b) == 0 {
@@ -107,10 +146,33 @@ func readCount(path string) (int, error) {
 	}
 	n, err := strconv.Atoi(string(b))
 	if err != nil {
-		return 0, fmt.Errorf("read replica count from %s: %q is not an integer", path, b)
+		return 0, fmt.Errorf("read replica count from %s: %s is not an integer", path, excerpt(b))
 	}
 	if n < 0 {
 		return 0, fmt.Errorf("read replica count from %s: %d is negative", path, n)
 	}
 	return n, nil
+}
+
+// excerpt quotes at most maxExcerpt bytes of b, marking a cut with "...".
+func excerpt(b []byte) string {
+	if len(b) <= maxExcerpt {
+		return strconv.Quote(string(b))
+	}
+	return strconv.Quote(string(b[:maxExcerpt])) + "..."
+}
+
+// fileKind names a file type for an error message.
+func fileKind(m os.FileMode) string {
+	switch {
+	case m&os.ModeNamedPipe != 0:
+		return "a FIFO"
+	case m&os.ModeSocket != 0:
+		return "a socket"
+	case m&os.ModeDevice != 0:
+		return "a device"
+	case m.IsDir():
+		return "a directory"
+	}
+	return m.Type().String()
 }

@@ -1,14 +1,17 @@
 package watcher
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -82,6 +85,135 @@ func TestFileKeepsLastGoodCount(t *testing.T) {
 	}
 	if !errors.Is(func() error { write(t, path, ""); f.Poll(); return f.Observe("").Err }(), ErrEmpty) {
 		t.Error("empty file error does not wrap ErrEmpty")
+	}
+}
+
+// A FIFO renamed over the count file, with no writer, is refused at once:
+// opening it for reading without O_NONBLOCK would wait for a writer forever
+// and stall the poll loop (and with it every count change). The last good
+// count stands.
+func TestFileFIFODoesNotHang(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "replicas")
+	write(t, path, "3")
+	f := NewFile(path, time.Millisecond, quietLog())
+	f.Poll()
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(fifo, path); err != nil {
+		t.Fatal(err)
+	}
+
+	done := make(chan bool, 1)
+	go func() { done <- f.Poll() }()
+	select {
+	case changed := <-done:
+		if !changed {
+			t.Error("Poll did not report the new error state")
+		}
+	case <-time.After(5 * time.Second):
+		// Let the blocked open return, so the goroutine ends with the test.
+		if w, err := os.OpenFile(path, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
+			w.Close()
+		}
+		<-done
+		t.Fatal("Poll blocked for 5 s on a FIFO without a writer")
+	}
+	o := f.Observe("")
+	if o.Replicas != 3 || !errors.Is(o.Err, ErrNotRegular) || !strings.Contains(o.Err.Error(), "FIFO") {
+		t.Errorf("observation %+v: want the last count 3 and an error wrapping ErrNotRegular that names a FIFO", o)
+	}
+
+	// A directory is refused the same way.
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(path, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	f.Poll()
+	if o := f.Observe(""); o.Replicas != 3 || !errors.Is(o.Err, ErrNotRegular) {
+		t.Errorf("directory: observation %+v: want the last count 3 and ErrNotRegular", o)
+	}
+}
+
+// A huge file at the count path (here 100 MB, sparse, starting with a
+// valid count) is refused after reading its first bytes: Poll allocates
+// next to nothing, the last good count stands, and the warning it logs is
+// one short line, not the file.
+func TestFileHugeFileReadsOnlyItsHead(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "replicas")
+	write(t, path, "5")
+	var logs bytes.Buffer
+	f := NewFile(path, time.Millisecond, slog.New(slog.NewTextHandler(&logs, nil)))
+	f.Poll()
+
+	huge := filepath.Join(dir, "huge")
+	hf, err := os.Create(huge)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := hf.WriteString("7\n"); err != nil {
+		t.Fatal(err)
+	}
+	if err := hf.Truncate(100 << 20); err != nil {
+		t.Fatal(err)
+	}
+	hf.Close()
+	if err := os.Rename(huge, path); err != nil {
+		t.Fatal(err)
+	}
+
+	runtime.GC()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	f.Poll()
+	runtime.ReadMemStats(&after)
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 1<<20 {
+		t.Errorf("Poll of a 100 MB file allocated %d bytes: it reads more than the head", alloc)
+	}
+	o := f.Observe("")
+	if o.Replicas != 5 || o.Err == nil || !strings.Contains(o.Err.Error(), "more than 64 bytes") {
+		t.Errorf("observation %+v: want the last count 5 and a \"more than 64 bytes\" error", o)
+	}
+	checkLogLines(t, &logs, path, 1)
+}
+
+// A malformed count is quoted in the error and the log, cut to a bounded
+// excerpt.
+func TestFileErrorExcerptIsBounded(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "replicas")
+	var logs bytes.Buffer
+	f := NewFile(path, time.Millisecond, slog.New(slog.NewTextHandler(&logs, nil)))
+	for _, content := range []string{
+		strings.Repeat("x", 60),      // short enough to parse, not a number
+		strings.Repeat("\x00", 4096), // NULs quote to four bytes each
+	} {
+		write(t, path, content)
+		f.Poll()
+		err := f.Observe("").Err
+		if err == nil || !strings.Contains(err.Error(), `"...`) || len(strings.ReplaceAll(err.Error(), path, "")) > 200 {
+			t.Errorf("error for %d bytes: %v: want a cut excerpt, under 200 characters besides the path", len(content), err)
+		}
+	}
+	checkLogLines(t, &logs, path, 2)
+}
+
+// checkLogLines fails unless logs holds want lines, each short once the
+// path (which the line names twice) is left out.
+func checkLogLines(t *testing.T, logs *bytes.Buffer, path string, want int) {
+	t.Helper()
+	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+	if len(lines) != want {
+		t.Errorf("%d log lines, want %d", len(lines), want)
+	}
+	for _, l := range lines {
+		if n := len(strings.ReplaceAll(l, path, "")); n > 512 {
+			t.Errorf("a log line of %d bytes besides the path (%.200s...): want a bounded excerpt", n, l)
+		}
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"reflect"
 	"slices"
@@ -550,11 +551,58 @@ func equalErrs(a, b map[string]error) bool {
 	return true
 }
 
-// ReportStatus records on a RateLimit whether this agent accepts it and the
-// count it is divided by, if that differs from what the object says. Every
-// agent computes the same values from the same objects, so the writes
-// converge; an agent writes only on a difference.
-func (k *Kubernetes) ReportStatus(ctx context.Context, name string, acceptErr error, replicas int32) error {
+// Verdict is what one agent says of a RateLimit.
+type Verdict struct {
+	// Invalid is the validation error; every agent finds the same.
+	Invalid error
+	// NotApplied says why this node could not apply the limit, or "".
+	NotApplied string
+	// Clamped says how this node clamped the limit's share, or "".
+	Clamped string
+}
+
+// condition is the Accepted condition v stands for, with its severity
+// (higher is worse). The node-specific reasons carry the node's name.
+func (v Verdict) condition(node string) (cond map[string]any, severity int) {
+	switch {
+	case v.Invalid != nil:
+		return map[string]any{"status": "False", "reason": v1alpha1.ReasonInvalid, "message": v.Invalid.Error()}, 3
+	case v.NotApplied != "":
+		return map[string]any{"status": "False", "reason": v1alpha1.ReasonDoesNotFit, "message": nodeMessage(node, v.NotApplied)}, 2
+	case v.Clamped != "":
+		return map[string]any{"status": "True", "reason": v1alpha1.ReasonClamped, "message": nodeMessage(node, v.Clamped)}, 1
+	}
+	return map[string]any{"status": "True", "reason": v1alpha1.ReasonValid, "message": ""}, 0
+}
+
+func nodeMessage(node, msg string) string { return "node " + node + ": " + msg }
+
+// reasonSeverity ranks a reason as Verdict.condition does; unknown: 0.
+func reasonSeverity(reason any) int {
+	switch reason {
+	case v1alpha1.ReasonInvalid:
+		return 3
+	case v1alpha1.ReasonDoesNotFit:
+		return 2
+	case v1alpha1.ReasonClamped:
+		return 1
+	}
+	return 0
+}
+
+// ReportStatus records on a RateLimit this agent's verdict and the count it
+// is divided by, if that differs from what the object says.
+//
+// Every agent writes, so the writes must converge. Validity and the count
+// are the same on every agent. Whether a limit fits is a node's own
+// (service-scoped limits differ from node to node), so the condition holds
+// the worst report: an agent leaves the recorded condition (and writes only
+// the count) when it is about the current generation, not its own node's,
+// and more severe than its own, or as severe and another node's; otherwise
+// it writes its own. A node that recovers clears its own report, and
+// another node that still cannot apply the limit then writes its own. A
+// report of a node whose agent is gone stands until the spec changes.
+func (k *Kubernetes) ReportStatus(ctx context.Context, name string, v Verdict, replicas int32) error {
 	obj, ok, err := k.rlInformer.GetStore().GetByKey(name)
 	if err != nil || !ok {
 		return err
@@ -563,25 +611,44 @@ func (k *Kubernetes) ReportStatus(ctx context.Context, name string, acceptErr er
 	if !ok {
 		return nil
 	}
-	cond := map[string]any{"type": v1alpha1.ConditionAccepted, "status": "True", "reason": v1alpha1.ReasonValid, "message": "", "observedGeneration": cur.GetGeneration()}
-	if acceptErr != nil {
-		cond["status"], cond["reason"], cond["message"] = "False", v1alpha1.ReasonInvalid, acceptErr.Error()
-	}
+	gen := cur.GetGeneration()
+	mine, severity := v.condition(k.cfg.NodeName)
+	mine["type"], mine["observedGeneration"] = v1alpha1.ConditionAccepted, gen
+
 	oldConds, _, _ := unstructured.NestedSlice(cur.Object, "status", "conditions")
 	oldReplicas, _, _ := unstructured.NestedInt64(cur.Object, "status", "replicas")
 	oldGen, _, _ := unstructured.NestedInt64(cur.Object, "status", "observedGeneration")
-	if oldReplicas == int64(replicas) && oldGen == cur.GetGeneration() && len(oldConds) == 1 {
-		if c, ok := oldConds[0].(map[string]any); ok && c["status"] == cond["status"] && c["message"] == cond["message"] &&
-			c["observedGeneration"] == cond["observedGeneration"] {
-			return nil
+	var old map[string]any
+	if len(oldConds) == 1 {
+		old, _ = oldConds[0].(map[string]any)
+	}
+	cond := mine
+	if old != nil && old["observedGeneration"] == gen {
+		msg, _ := old["message"].(string)
+		oldSeverity := reasonSeverity(old["reason"])
+		nodeSpecific := old["reason"] == v1alpha1.ReasonDoesNotFit || old["reason"] == v1alpha1.ReasonClamped
+		ours := strings.HasPrefix(msg, nodeMessage(k.cfg.NodeName, ""))
+		if !ours && (oldSeverity > severity || (oldSeverity == severity && nodeSpecific)) {
+			cond = maps.Clone(old) // another node's report of something at least as bad (a copy: old is the cache's)
 		}
 	}
-	cond["lastTransitionTime"] = metav1.Now().UTC().Format(time.RFC3339)
+	if oldReplicas == int64(replicas) && oldGen == gen && old != nil &&
+		old["status"] == cond["status"] && old["reason"] == cond["reason"] && old["message"] == cond["message"] &&
+		old["observedGeneration"] == cond["observedGeneration"] {
+		return nil
+	}
+	if old == nil || old["status"] != cond["status"] {
+		cond["lastTransitionTime"] = metav1.Now().UTC().Format(time.RFC3339)
+	} else if t, ok := old["lastTransitionTime"]; ok {
+		cond["lastTransitionTime"] = t
+	} else {
+		cond["lastTransitionTime"] = metav1.Now().UTC().Format(time.RFC3339)
+	}
 	next := cur.DeepCopy()
 	if err := unstructured.SetNestedField(next.Object, int64(replicas), "status", "replicas"); err != nil {
 		return err
 	}
-	if err := unstructured.SetNestedField(next.Object, cur.GetGeneration(), "status", "observedGeneration"); err != nil {
+	if err := unstructured.SetNestedField(next.Object, gen, "status", "observedGeneration"); err != nil {
 		return err
 	}
 	if err := unstructured.SetNestedSlice(next.Object, []any{cond}, "status", "conditions"); err != nil {

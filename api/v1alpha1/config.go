@@ -258,6 +258,11 @@ func toJSON(v any, t reflect.Type, path string) (any, []error) {
 			return nil, []error{err}
 		}
 		return n, nil
+	case reflect.Bool:
+		if b, ok := v.(bool); ok {
+			return b, nil
+		}
+		return nil, []error{wrongKind(at, "true or false", v)}
 	}
 	// No field of the config has another kind; a new one needs a case above.
 	return nil, []error{&FieldError{Field: at, Detail: fmt.Sprintf("cannot decode into %s", t)}}

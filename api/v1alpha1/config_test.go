@@ -45,11 +45,12 @@ func TestParseConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := &Config{
-		Interfaces:     []string{"eth0", "ens5"},
-		PinDir:         "/sys/fs/bpf/rl-test",
-		MetricsAddress: "[::1]:9999",
-		MaxBuckets:     131072,
-		Count:          CountSource{File: "/run/rlagent/replicas"},
+		Interfaces:       []string{"eth0", "ens5"},
+		PinDir:           "/sys/fs/bpf/rl-test",
+		MetricsAddress:   "[::1]:9999",
+		MaxBuckets:       131072,
+		Count:            CountSource{File: "/run/rlagent/replicas"},
+		ProtectAPIServer: ptr(true),
 		Limits: []Limit{
 			{Name: "dns", RateLimitSpec: RateLimitSpec{
 				Rate: 20000, Unit: UnitPackets,
@@ -198,11 +199,12 @@ func TestDefault(t *testing.T) {
 	}}
 	c.Default()
 	want := &Config{
-		Interfaces:     []string{"eth0"},
-		PinDir:         "/sys/fs/bpf/rlagent",
-		MetricsAddress: "127.0.0.1:9478",
-		MaxBuckets:     65536,
-		Count:          CountSource{Static: ptr(int32(1))},
+		Interfaces:       []string{"eth0"},
+		PinDir:           "/sys/fs/bpf/rlagent",
+		MetricsAddress:   "127.0.0.1:9478",
+		MaxBuckets:       65536,
+		Count:            CountSource{Static: ptr(int32(1))},
+		ProtectAPIServer: ptr(true),
 		Limits: []Limit{
 			{Name: "a", RateLimitSpec: RateLimitSpec{Rate: 5, Unit: UnitPackets, Key: KeyNone, Scope: ScopeStatic, Action: ActionDrop,
 				Match: Match{Direction: DirectionIngress, Protocol: ProtocolAny}}},
@@ -275,7 +277,7 @@ func TestLoadConfig(t *testing.T) {
 	os.WriteFile(path, []byte("interfaces: [eth0]\nlimits:\n- name: a\n  rate: 0\n  unit: pkts\n  match: {}\n"), 0o644)
 	_, err := LoadConfig(path)
 	want := "load config " + path + ": 2 errors:\n" +
-		"limits[0].rate: required: 1..1000000000000 units per second over all replicas\n" +
+		"limits[0].rate: required: 1..4000000000 units per second over all replicas\n" +
 		`limits[0].unit: "pkts" is not one of packets, bytes`
 	if err == nil || err.Error() != want {
 		t.Errorf("got\n%v\nwant\n%s", err, want)

@@ -14,9 +14,17 @@ const (
 
 	DefaultStaticCount = 1
 
-	// MaxGlobalRate bounds a limit's rate over all replicas. (The data path
-	// bounds the node share separately, at a lower value.)
-	MaxGlobalRate = 1_000_000_000_000
+	// MaxNodeRate is the data path's largest node share, in units per
+	// second (4e9 bytes/s is 32 Gbit/s). It is the data path's RL_MAX_RATE
+	// (maps.MaxRate), typed again because this package cannot import maps;
+	// a test in agent/ checks they agree.
+	MaxNodeRate = 4_000_000_000
+	// MaxGlobalRate bounds a limit's rate over all replicas. It is
+	// MaxNodeRate: the count can fall to 1 (a count below 1 is treated as
+	// 1), and then one node enforces the whole rate. A node share that still
+	// does not fit (a spec that skipped validation) is clamped to
+	// MaxNodeRate by the agent and reported.
+	MaxGlobalRate = MaxNodeRate
 	// MaxBurstSeconds bounds burst / rate; it is the data path's
 	// RL_MAX_BURST_SECONDS (a test checks they agree).
 	MaxBurstSeconds = 3600
@@ -43,6 +51,13 @@ func (c *Config) Default() {
 	}
 	for i := range c.Limits {
 		c.Limits[i].Default()
+	}
+	for i := range c.Protect {
+		c.Protect[i].Default()
+	}
+	if c.ProtectAPIServer == nil {
+		on := true
+		c.ProtectAPIServer = &on
 	}
 }
 

@@ -452,24 +452,48 @@ func TestDaemonSet(t *testing.T) {
 		}
 	}
 
-	// The volumes: /sys/fs/bpf from the host, the config from the ConfigMap.
+	// The config the agent runs with: valid, without limits.
+	cfg, err := ParseConfig([]byte(cm.Data["rlagent.yaml"]))
+	if err != nil {
+		t.Fatalf("ConfigMap %s, rlagent.yaml: %v", cm.Name, err)
+	}
+	if len(cfg.Limits) != 0 {
+		t.Errorf("the ConfigMap lists limits: in a cluster they are RateLimit objects")
+	}
+
+	// The volumes: the node's pin directory (/sys/fs/bpf/rlagent, not the
+	// whole BPF filesystem) at the config's pinDir, and the config from the
+	// ConfigMap.
 	mounts := map[string]corev1.VolumeMount{}
 	for _, m := range c.VolumeMounts {
 		mounts[m.Name] = m
 	}
-	var bpffs, config bool
+	var pins, config bool
 	for _, v := range pod.Volumes {
 		m, mounted := mounts[v.Name]
 		switch {
-		case v.HostPath != nil:
-			if v.HostPath.Path != "/sys/fs/bpf" || v.HostPath.Type == nil || *v.HostPath.Type != corev1.HostPathDirectoryOrCreate ||
-				!mounted || m.MountPath != "/sys/fs/bpf" || m.ReadOnly {
-				t.Errorf("hostPath volume %q %+v mounted %+v: want /sys/fs/bpf (DirectoryOrCreate) at /sys/fs/bpf, writable", v.Name, v.HostPath, m)
+		case v.HostPath != nil && v.HostPath.Path == DefaultPinDir:
+			if v.HostPath.Type == nil || *v.HostPath.Type != corev1.HostPathDirectoryOrCreate || !mounted || m.ReadOnly {
+				t.Errorf("pin volume %q %+v mounted %+v: want %s (DirectoryOrCreate), mounted writable", v.Name, v.HostPath, m, DefaultPinDir)
+			}
+			if m.MountPath != cfg.PinDir {
+				t.Errorf("pin volume %q is mounted at %q, but the agent pins in pinDir %q", v.Name, m.MountPath, cfg.PinDir)
+			}
+			// The container has a sysfs of its own at /sys, on which the
+			// runtime cannot create a mount point such as
+			// /sys/fs/bpf/rlagent: the pod would never start.
+			if m.MountPath == "/sys" || strings.HasPrefix(m.MountPath, "/sys/") {
+				t.Errorf("pin volume %q is mounted at %q: below /sys the runtime cannot create the mount point", v.Name, m.MountPath)
 			}
 			if m.MountPropagation != nil && *m.MountPropagation == corev1.MountPropagationBidirectional {
 				t.Errorf("volume %q: Bidirectional mount propagation needs a privileged container", v.Name)
 			}
-			bpffs = true
+			pins = true
+		case v.HostPath != nil:
+			// Only the pin directory: the agent has no business with
+			// other programs' pins or other host files (the lock file's
+			// directory, when there is one, is added here with a check).
+			t.Errorf("hostPath volume %q %+v: the agent mounts only %s from the host", v.Name, v.HostPath, DefaultPinDir)
 		case v.ConfigMap != nil:
 			if v.ConfigMap.Name != cm.Name || !mounted || m.MountPath != "/etc/rlagent" || !m.ReadOnly || m.SubPath != "" {
 				t.Errorf("config volume %q %+v mounted %+v: want ConfigMap %q read-only at /etc/rlagent, no subPath (it would not see edits)", v.Name, v.ConfigMap, m, cm.Name)
@@ -479,25 +503,17 @@ func TestDaemonSet(t *testing.T) {
 			t.Errorf("volume %q: unexpected kind", v.Name)
 		}
 	}
-	if !bpffs || !config {
-		t.Errorf("volumes: /sys/fs/bpf %v, config %v", bpffs, config)
+	if !pins || !config {
+		t.Errorf("volumes: hostPath %s %v, config %v", DefaultPinDir, pins, config)
 	}
 
-	// The config the agent runs with: valid, pinned below the mounted BPF
-	// filesystem, serving /healthz where the readiness probe asks.
-	cfg, err := ParseConfig([]byte(cm.Data["rlagent.yaml"]))
-	if err != nil {
-		t.Fatalf("ConfigMap %s, rlagent.yaml: %v", cm.Name, err)
-	}
-	if !strings.HasPrefix(cfg.PinDir, "/sys/fs/bpf/") {
-		t.Errorf("pinDir %q is not below the mounted /sys/fs/bpf", cfg.PinDir)
-	}
-	if len(cfg.Limits) != 0 {
-		t.Errorf("the ConfigMap lists limits: in a cluster they are RateLimit objects")
-	}
+	// Metrics and the health endpoints on loopback only: the pod shares
+	// the node's network, so any other address serves them to the node's
+	// networks. The probes ask that address (the kubelet runs in the
+	// node's network namespace), on the metrics port.
 	host, port, err := net.SplitHostPort(cfg.MetricsAddress)
-	if err != nil || (host != "" && host != "0.0.0.0" && host != "::") {
-		t.Errorf("metricsAddress %q: the kubelet probes the node's IP, so the agent must listen on every address", cfg.MetricsAddress)
+	if ip := net.ParseIP(host); err != nil || ip == nil || !ip.IsLoopback() {
+		t.Errorf("metricsAddress %q: want a loopback address (127.0.0.1:PORT): on hostNetwork any other serves the node's networks", cfg.MetricsAddress)
 	}
 	var metricsPort *corev1.ContainerPort
 	for i, p := range c.Ports {
@@ -508,10 +524,24 @@ func TestDaemonSet(t *testing.T) {
 	if metricsPort == nil {
 		t.Fatalf("no container port for metricsAddress %q", cfg.MetricsAddress)
 	}
-	pr := c.ReadinessProbe
-	if pr == nil || pr.HTTPGet == nil || pr.HTTPGet.Path != "/healthz" || pr.HTTPGet.Host != "" ||
-		(pr.HTTPGet.Port.String() != metricsPort.Name && pr.HTTPGet.Port.String() != port) {
-		t.Errorf("readiness probe %+v: want httpGet /healthz on the metrics port %s", pr, port)
+	for _, p := range []struct {
+		name  string
+		probe *corev1.Probe
+		path  string
+	}{{"readiness", c.ReadinessProbe, "/readyz"}, {"liveness", c.LivenessProbe, "/livez"}} {
+		pr := p.probe
+		if pr == nil || pr.HTTPGet == nil || pr.HTTPGet.Path != p.path || pr.HTTPGet.Host != host ||
+			(pr.HTTPGet.Port.String() != metricsPort.Name && pr.HTTPGet.Port.String() != port) {
+			t.Errorf("%s probe %+v: want httpGet %s on %s, the metrics address", p.name, pr, p.path, net.JoinHostPort(host, port))
+		}
+	}
+	// The lock record names the pod holding the pin directory.
+	var podName bool
+	for _, e := range c.Env {
+		podName = podName || (e.Name == "POD_NAME" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "metadata.name")
+	}
+	if !podName {
+		t.Errorf("env: want POD_NAME from metadata.name, for the pin directory's lock record")
 	}
 
 	if ns.Labels["pod-security.kubernetes.io/enforce"] != "privileged" {

@@ -15,17 +15,31 @@ import (
 // older schema was never checked against the new one).
 
 // ConditionAccepted is the condition type that says whether the agents
-// accept a RateLimit's spec: True, or False with the validation error as the
+// accept a RateLimit: True, or False with the reason and the error as the
 // message.
 const ConditionAccepted = "Accepted"
 
-// The reasons of the Accepted condition.
+// The reasons of the Accepted condition, from the most severe. Invalid and
+// Valid are the same on every agent; DoesNotFit and Clamped are one node's
+// (the message starts with "node NAME: "), and an agent does not overwrite
+// another node's report with a less severe one, so that the agents' writes
+// converge on the worst.
 const (
-	// ReasonValid: the spec passed the agent's validation.
-	ReasonValid = "Valid"
-	// ReasonInvalid: the agent's validation rejected the spec; the
+	// ReasonInvalid (False): the agent's validation rejected the spec; the
 	// condition's message lists every problem, one per line.
 	ReasonInvalid = "Invalid"
+	// ReasonDoesNotFit (False): the spec is valid, but a node could not
+	// apply the limit (more limits than the data path holds, more prefixes
+	// than its tables hold); the other limits are not affected. If an
+	// earlier version of the limit was enforced there, it still is, and the
+	// message says so.
+	ReasonDoesNotFit = "DoesNotFit"
+	// ReasonClamped (True): a node enforces the limit with its share
+	// clamped to the data path's range.
+	ReasonClamped = "Clamped"
+	// ReasonValid (True): the spec passed the agent's validation, and the
+	// agents that apply it apply it as written.
+	ReasonValid = "Valid"
 )
 
 // RateLimit is one global rate limit, enforced on every node of the cluster
@@ -80,9 +94,11 @@ type RateLimitStatus struct {
 	Replicas int32 `json:"replicas"`
 
 	// Conditions are the observations of the limit's state. Type Accepted
-	// is True when the agents accept the spec, and False with their
-	// validation error as the message when they do not (the limit is then
-	// not enforced).
+	// is True when the agents accept the spec (reason Valid, or Clamped when
+	// a node enforces it clamped to the data path's range), and False when
+	// they do not: reason Invalid with their validation error as the message
+	// (no agent enforces it), or DoesNotFit when a node could not apply it
+	// (the message names the node and says why).
 	// +listType=map
 	// +listMapKey=type
 	// +patchStrategy=merge

@@ -31,6 +31,22 @@ type Config struct {
 	// Limits are the rate limits to enforce.
 	// (Optional) May be empty; names are unique.
 	Limits []Limit `json:"limits,omitempty"`
+
+	// Protect is traffic that no limit touches: the node's lifeline, such as
+	// SSH and the kubelet. Protected packets pass before any limit is looked
+	// at. See Protect.
+	// (Optional) At most 31 rules (the data path holds 32 and keeps one for
+	// the agent's API server connection); names are unique.
+	Protect []Protect `json:"protect,omitempty"`
+
+	// ProtectAPIServer protects the agent's own connection to its API
+	// server (in a cluster): the addresses and ports its packets really
+	// carry, the endpoints of the Service default/kubernetes when the agent
+	// runs in a pod, else the host and port of its kubeconfig. Without it a
+	// limit can cut the agent off the API server that would carry the fix.
+	// (Optional) Default true. false turns the protection off, with a
+	// warning at every start and reload.
+	ProtectAPIServer *bool `json:"protectAPIServer,omitempty"`
 }
 
 // CountSource says where the replica count comes from. Exactly one field is
@@ -70,13 +86,16 @@ type Limit struct {
 // +kubebuilder:validation:XValidation:rule="!has(self.action) || self.action != 'pace' || (has(self.match.direction) && self.match.direction == 'egress')",message="action pace needs match.direction egress: pacing delays egress packets; ingress packets cannot be delayed",fieldPath=".action"
 // +kubebuilder:validation:XValidation:rule="!has(self.prefixLength) || (has(self.key) && self.key == 'src-prefix')",message="prefixLength is only allowed with key src-prefix",fieldPath=".prefixLength"
 // +kubebuilder:validation:XValidation:rule="!has(self.key) || self.key != 'dst-port' || !has(self.match.protocol) || self.match.protocol != 'icmp'",message="key dst-port needs protocol tcp, udp or any: icmp has no ports",fieldPath=".key"
-// +kubebuilder:validation:XValidation:rule="!has(self.burst) || self.rate > 1000000000000 || self.burst <= self.rate * 3600",message="burst must be at most 3600 seconds of rate (rate x 3600)",fieldPath=".burst"
+// +kubebuilder:validation:XValidation:rule="!has(self.burst) || self.rate > 4000000000 || self.burst <= self.rate * 3600",message="burst must be at most 3600 seconds of rate (rate x 3600)",fieldPath=".burst"
 type RateLimitSpec struct {
 	// Rate is the global rate, in units per second over all replicas; each
 	// node enforces its share.
-	// (Required) 1..1000000000000.
+	// (Required) 1..4000000000: at most what one node's data path enforces
+	// (MaxNodeRate, 32 Gbit/s in bytes), since the replica count can fall to
+	// 1. A node share above it (from a spec that skipped validation) is
+	// clamped to it and reported as clamped.
 	// +kubebuilder:validation:Minimum=1
-	// +kubebuilder:validation:Maximum=1000000000000
+	// +kubebuilder:validation:Maximum=4000000000
 	Rate uint64 `json:"rate"`
 
 	// Unit is what one token is worth.

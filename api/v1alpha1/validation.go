@@ -80,6 +80,7 @@ func (c *Config) Validate() error {
 		}
 		el = append(el, l.RateLimitSpec.validate(p, true)...)
 	}
+	el = append(el, c.validateProtect()...)
 	return errors.Join(el...)
 }
 
@@ -105,7 +106,11 @@ func (s *RateLimitSpec) validate(path string, standalone bool) []error {
 	case s.Rate == 0:
 		el.add(field(path, "rate"), "required: 1..%d units per second over all replicas", uint64(MaxGlobalRate))
 	case s.Rate > MaxGlobalRate:
-		el.add(field(path, "rate"), "%d is not in 1..%d", s.Rate, uint64(MaxGlobalRate))
+		// The count can fall to 1, and then one node enforces the whole
+		// rate: a rate above what one node's data path takes could not be
+		// enforced as written.
+		el.add(field(path, "rate"), "%d is not in 1..%d: one node enforces at most %d units/s, and the replica count can fall to 1",
+			s.Rate, uint64(MaxGlobalRate), uint64(MaxNodeRate))
 	}
 	switch s.Unit {
 	case UnitPackets, UnitBytes:

@@ -127,9 +127,9 @@ func TestValidateRules(t *testing.T) {
 
 		// Rate, unit, burst.
 		{"rate missing", func(c *Config) { limit(c, 0).Rate = 0 },
-			"limits[0].rate", []string{"required", "1..1000000000000"}},
-		{"rate too high", func(c *Config) { limit(c, 1).Rate = 1e12 + 1 },
-			"limits[1].rate", []string{"1000000000001 is not in 1..1000000000000"}},
+			"limits[0].rate", []string{"required", "1..4000000000"}},
+		{"rate too high", func(c *Config) { limit(c, 1).Rate = MaxGlobalRate + 1 },
+			"limits[1].rate", []string{"4000000001 is not in 1..4000000000", "one node enforces at most 4000000000 units/s"}},
 		{"unit unknown", func(c *Config) { limit(c, 0).Unit = "pkts" },
 			"limits[0].unit", []string{`"pkts" is not one of packets, bytes`}},
 		{"unit connections", func(c *Config) { limit(c, 0).Unit = UnitConnections },

@@ -27,7 +27,6 @@ enum rl_const {
 	RL_STALE_NS = 10000000,	/* a lease older than this hands its remainder back on the next lease */
 	RL_MAX_RATE = 4000000000U, /* units/s (32 Gbit/s in bytes); keeps the fixed-point products below 2^64 */
 	RL_MAX_BURST_SECONDS = 3600, /* burst / rate; idem */
-	RL_NO_SLOT = 0xffffffff,
 	RL_MAX_PROTECT = 32,	/* protect rules: one bit each in a __u32 */
 	RL_PROTECT_SIDE = 2 * 65536, /* rl_protect_ports: local ports, then remote ports */
 };
@@ -157,12 +156,15 @@ struct rl_frag_key {
 
 /* The transport fields of the datagram's first fragment. */
 struct rl_frag_info {
+	__u64 seen_ns;		/* when the first fragment came (the data path's clock) */
 	__u16 sport;
 	__u16 dport;
 	__u8 pclass;
 	__u8 has_ports;
-	__u8 l4_unknown;
+	__u8 l4_unknown;	/* unknown, or no longer trusted (see rl_frag_resolve) */
 	__u8 pad;
+	__u16 next;		/* offset the next fragment in order starts at, 8-byte units */
+	__u16 pad2[3];
 };
 
 struct rl_lpm4 {

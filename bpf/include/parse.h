@@ -55,7 +55,8 @@ struct vlan_hdr {
 enum rl_frag {
 	RL_FRAG_NONE = 0,	/* a whole datagram */
 	RL_FRAG_FIRST = 1,	/* offset 0, more to come: carries the transport header */
-	RL_FRAG_LATER = 2,	/* offset > 0: no transport header */
+	RL_FRAG_LATER = 2,	/* offset > 0, more to come: no transport header */
+	RL_FRAG_LAST = 3,	/* offset > 0, the last: no transport header */
 };
 
 /* What the classifier needs of a packet. Addresses are 128-bit, IPv4 mapped
@@ -73,7 +74,8 @@ struct pkt {
 	__u8 l4_unknown;	/* the transport header could not be found */
 	__u8 frag;		/* enum rl_frag */
 	__u8 proto;		/* IP protocol number (of the transport header) */
-	__u8 pad[2];
+	__u16 frag_start;	/* fragments: offset, 8-byte units */
+	__u16 frag_len;		/* fragments: bytes of the datagram this one carries */
 };
 
 static __always_inline bool parse_is_vlan(__u16 proto)
@@ -81,8 +83,11 @@ static __always_inline bool parse_is_vlan(__u16 proto)
 	return proto == bpf_htons(ETH_P_8021Q) || proto == bpf_htons(ETH_P_8021AD);
 }
 
+/* More VLAN tags than RL_MAX_VLAN: not an ethertype (those are 16 bits). */
+#define RL_ETH_TOO_MANY_TAGS 0x10000
+
 /* Returns the ethertype after the VLAN tags, -1 if the frame is too short,
- * or 0 if it has more tags than RL_MAX_VLAN. */
+ * or RL_ETH_TOO_MANY_TAGS. */
 static __always_inline int parse_eth(struct cursor *c, void *end)
 {
 	struct ethhdr *eth = c->pos;
@@ -105,7 +110,7 @@ static __always_inline int parse_eth(struct cursor *c, void *end)
 		proto = vh->encap_proto;
 	}
 	if (parse_is_vlan(proto))
-		return 0;
+		return RL_ETH_TOO_MANY_TAGS;
 	return bpf_ntohs(proto);
 }
 
@@ -136,8 +141,10 @@ static __always_inline int parse_ipv4(struct cursor *c, void *data, void *end, s
 	p->dst[3] = ip->daddr;
 	p->frag_id = ip->id;
 	frag = bpf_ntohs(ip->frag_off);
+	p->frag_start = frag & RL_IP_OFFSET;
+	p->frag_len = tot - hlen;
 	if (frag & RL_IP_OFFSET) {
-		p->frag = RL_FRAG_LATER;
+		p->frag = frag & RL_IP_MF ? RL_FRAG_LATER : RL_FRAG_LAST;
 		/* Offset 1 overlaps bytes 8-15 of a TCP header (the flags). */
 		if ((frag & RL_IP_OFFSET) == 1 && ip->protocol == IPPROTO_TCP)
 			p->l4_unknown = 1;
@@ -169,8 +176,13 @@ static __always_inline int parse_ipv6(struct cursor *c, void *data, void *end, s
 		return -1;
 	c->pos = ip6 + 1;
 	plen = bpf_ntohs(ip6->payload_len);
-	/* 0 is a jumbogram (RFC 2675): bounded by the frame only. */
-	*l3_end = plen ? (c->pos - data) + plen : ~0U;
+	/* 0 is a jumbogram (RFC 2675) when a hop-by-hop header follows:
+	 * bounded by the frame only. Otherwise the kernel trims the packet to
+	 * its fixed header (ipv6_rcv), and so does the parser. */
+	if (plen)
+		*l3_end = (c->pos - data) + plen;
+	else
+		*l3_end = ip6->nexthdr == IPPROTO_HOPOPTS ? ~0U : c->pos - data;
 
 	p->family = 6;
 	__builtin_memcpy(p->src, &ip6->saddr, sizeof(p->src));
@@ -205,12 +217,14 @@ static __always_inline int parse_ipv6(struct cursor *c, void *data, void *end, s
 			nexthdr = h->nexthdr;
 			off = bpf_ntohs(h->frag_off);
 			if (off & 0xfff8)
-				p->frag = RL_FRAG_LATER;
+				p->frag = off & 1 ? RL_FRAG_LATER : RL_FRAG_LAST;
 			else if (off & 1)
 				p->frag = RL_FRAG_FIRST;
 			/* else an atomic fragment (RFC 6946): a whole datagram */
 			p->frag_id = h->id;
 			c->pos += 8;
+			p->frag_start = off >> 3;
+			p->frag_len = *l3_end > c->pos - data ? *l3_end - (c->pos - data) : 0;
 			break;
 		}
 		case 135:	/* mobility */
@@ -223,7 +237,7 @@ static __always_inline int parse_ipv6(struct cursor *c, void *data, void *end, s
 		default:
 			return nexthdr;
 		}
-		if (p->frag == RL_FRAG_LATER)
+		if (p->frag >= RL_FRAG_LATER)
 			return nexthdr;	/* what follows is payload, not a header */
 	}
 	/* The chain goes on past RL_MAX_EXTHDRS headers. */
@@ -272,7 +286,7 @@ static __always_inline void parse_l4(struct cursor *c, void *data, void *end, st
 		p->pclass = RL_PROTO_OTHER;
 		return;
 	}
-	if (p->frag == RL_FRAG_LATER)
+	if (p->frag >= RL_FRAG_LATER)
 		return;	/* no header here: frag.h finds the datagram's */
 	if (c->pos + need > end || off + need > l3_end) {
 		p->l4_unknown = 1;
@@ -293,7 +307,7 @@ static __always_inline int parse_packet(void *data, void *end, struct pkt *p)
 
 	p->len = end - data;
 	proto = parse_eth(&c, end);
-	if (proto == 0) {
+	if (proto == RL_ETH_TOO_MANY_TAGS) {
 		/* More VLAN tags than walked: neither addresses nor ports. */
 		p->pclass = RL_PROTO_UNKNOWN;
 		p->l4_unknown = 1;

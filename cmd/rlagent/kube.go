@@ -96,6 +96,26 @@ func (c *clusterFlags) source(log *slog.Logger) (*watcher.Kubernetes, error) {
 	}), nil
 }
 
+// apiServer follows where the agent's API server connection really goes,
+// so that the agent can protect it (protectAPIServer); nil outside a
+// cluster. In a pod the in-cluster config's host is the ClusterIP of the
+// Service default/kubernetes, which kube-proxy translates before the packets
+// leave the node, so it follows that Service's endpoints; with --kubeconfig
+// the packets carry the kubeconfig's host.
+func (c *clusterFlags) apiServer(log *slog.Logger) (*watcher.APIServer, error) {
+	cfg, err := c.config()
+	if err != nil || cfg == nil {
+		return nil, err
+	}
+	ac := watcher.APIServerConfig{Host: cfg.Host, Log: log}
+	if c.kubeconfig == "" {
+		if ac.Client, err = kubernetes.NewForConfig(cfg); err != nil {
+			return nil, err
+		}
+	}
+	return watcher.NewAPIServer(ac)
+}
+
 // Cluster side of `rlagent limits`: RateLimit objects.
 
 func rateLimits(cfg *rest.Config) (dynamic.NamespaceableResourceInterface, error) {
@@ -106,14 +126,21 @@ func rateLimits(cfg *rest.Config) (dynamic.NamespaceableResourceInterface, error
 	return dyn.Resource(watcher.RateLimitResource), nil
 }
 
-func kubeSet(ctx context.Context, cfg *rest.Config, name string, spec *v1alpha1.RateLimitSpec) error {
+// kubeSet creates or replaces a RateLimit and returns it as stored. With
+// dryRun the API server validates and defaults it and stores nothing
+// (server-side dry run).
+func kubeSet(ctx context.Context, cfg *rest.Config, name string, spec *v1alpha1.RateLimitSpec, dryRun bool) (*unstructured.Unstructured, error) {
 	rl, err := rateLimits(cfg)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	raw, err := runtime.DefaultUnstructuredConverter.ToUnstructured(spec)
 	if err != nil {
-		return err
+		return nil, err
+	}
+	var dry []string
+	if dryRun {
+		dry = []string{metav1.DryRunAll}
 	}
 	cur, err := rl.Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
@@ -123,15 +150,13 @@ func kubeSet(ctx context.Context, cfg *rest.Config, name string, spec *v1alpha1.
 			"metadata":   map[string]any{"name": name},
 			"spec":       raw,
 		}}
-		_, err = rl.Create(ctx, obj, metav1.CreateOptions{})
-		return err
+		return rl.Create(ctx, obj, metav1.CreateOptions{DryRun: dry})
 	}
 	if err != nil {
-		return err
+		return nil, err
 	}
 	cur.Object["spec"] = raw
-	_, err = rl.Update(ctx, cur, metav1.UpdateOptions{})
-	return err
+	return rl.Update(ctx, cur, metav1.UpdateOptions{DryRun: dry})
 }
 
 func kubeGet(ctx context.Context, cfg *rest.Config, name string, w io.Writer) error {
@@ -178,10 +203,16 @@ func kubeList(ctx context.Context, cfg *rest.Config, w io.Writer) error {
 	return tw.Flush()
 }
 
-func kubeDelete(ctx context.Context, cfg *rest.Config, name string) error {
+// kubeDelete deletes a RateLimit; with dryRun the API server checks the
+// deletion (the object exists, the caller may delete it) and deletes nothing.
+func kubeDelete(ctx context.Context, cfg *rest.Config, name string, dryRun bool) error {
 	rl, err := rateLimits(cfg)
 	if err != nil {
 		return err
 	}
-	return rl.Delete(ctx, name, metav1.DeleteOptions{})
+	var opts metav1.DeleteOptions
+	if dryRun {
+		opts.DryRun = []string{metav1.DryRunAll}
+	}
+	return rl.Delete(ctx, name, opts)
 }

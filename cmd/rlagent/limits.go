@@ -8,6 +8,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
 
 	"github.com/rlagent/rlagent/api/v1alpha1"
@@ -21,15 +22,19 @@ func newLimitsCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "limits",
 		Short: "Edit and read the limits in the config file",
-		Long: `limits edits the limits of the config file. Every change is validated with the agent's
-own validation, written to a temporary file and renamed over the config, so the file is
-never half-written and an invalid change leaves it untouched. A running agent picks the
-change up within a second.
+		Long: `limits edits the limits of the config file. Every change is checked as the agent checks
+a config it loads (rlagent validate), written to a temporary file and renamed over the
+config, so the file is never half-written and a change the agent would reject leaves it
+untouched. Warnings (such as more limits matching one packet than the data path checks)
+are printed and do not stop the change. A running agent picks the change up within a second.
+With --dry-run, set and delete print the file they would write and write nothing.
 
 With --kubeconfig (or in a pod) the limits are RateLimit objects in the cluster instead, and
-the API server validates them: its errors are shown as they are.`,
+the API server validates them: its errors are shown as they are. --dry-run is then the API
+server's dry run: it validates and stores nothing.`,
 		Example: `  rlagent limits list
   rlagent limits set dns --rate 20000 --protocol udp --dst-ports 53
+  rlagent limits set dns --rate 30000 --protocol udp --dst-ports 53 --dry-run
   rlagent limits get dns
   rlagent limits delete dns
   rlagent limits set dns --rate 100000 --scope nodes --protocol udp --dst-ports 53 --kubeconfig ~/.kube/config`,
@@ -52,6 +57,7 @@ func newLimitsSetCmd(config *string, kube *kubeFlags) *cobra.Command {
 		scope   string
 		dir     string
 		proto   string
+		dryRun  bool
 	)
 	cmd := &cobra.Command{
 		Use:   "set NAME",
@@ -84,9 +90,20 @@ rate / replicas.`,
 				if spec.Scope == "" {
 					return fmt.Errorf("--scope: required in a cluster: one of %s, %s, %s", v1alpha1.ScopeNodes, v1alpha1.ScopeService, v1alpha1.ScopeStatic)
 				}
-				return kubeSet(cmd.Context(), rc, args[0], &spec)
+				obj, err := kubeSet(cmd.Context(), rc, args[0], &spec, dryRun)
+				if err != nil || !dryRun {
+					return err
+				}
+				unstructured.RemoveNestedField(obj.Object, "metadata", "managedFields")
+				out, err := yaml.Marshal(obj.Object)
+				if err != nil {
+					return err
+				}
+				cmd.OutOrStdout().Write(out)
+				fmt.Fprintf(cmd.ErrOrStderr(), "dry run: RateLimit %s valid, not stored\n", args[0])
+				return nil
 			}
-			return editConfig(*config, func(c *v1alpha1.Config) error {
+			return editConfig(cmd, *config, dryRun, func(c *v1alpha1.Config) error {
 				l := v1alpha1.Limit{Name: args[0], RateLimitSpec: spec}
 				if i := slices.IndexFunc(c.Limits, func(l v1alpha1.Limit) bool { return l.Name == args[0] }); i >= 0 {
 					c.Limits[i] = l
@@ -112,6 +129,7 @@ rate / replicas.`,
 	f.StringSliceVar(&spec.Match.DstPorts, "dst-ports", nil, "match: destination ports or ranges, e.g. 53,8000-8080")
 	f.StringSliceVar(&spec.Match.SrcCIDRs, "src-cidrs", nil, "match: source CIDRs (IPv4 or IPv6)")
 	f.StringSliceVar(&spec.Match.DstCIDRs, "dst-cidrs", nil, "match: destination CIDRs (IPv4 or IPv6)")
+	f.BoolVar(&dryRun, "dry-run", false, "check the change and print the file it would write; write nothing")
 	cmd.MarkFlagRequired("rate")
 	return cmd
 }
@@ -174,18 +192,24 @@ func newLimitsListCmd(config *string, kube *kubeFlags) *cobra.Command {
 }
 
 func newLimitsDeleteCmd(config *string, kube *kubeFlags) *cobra.Command {
-	return &cobra.Command{
-		Use:     "delete NAME",
-		Short:   "Remove a limit from the config file",
-		Example: "  rlagent limits delete dns",
-		Args:    cobra.ExactArgs(1),
+	var dryRun bool
+	cmd := &cobra.Command{
+		Use:   "delete NAME",
+		Short: "Remove a limit from the config file",
+		Example: `  rlagent limits delete dns
+  rlagent limits delete dns --dry-run`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if rc, err := kube.config(); err != nil {
 				return err
 			} else if rc != nil {
-				return kubeDelete(cmd.Context(), rc, args[0])
+				if err := kubeDelete(cmd.Context(), rc, args[0], dryRun); err != nil || !dryRun {
+					return err
+				}
+				fmt.Fprintf(cmd.ErrOrStderr(), "dry run: RateLimit %s would be deleted, not deleted\n", args[0])
+				return nil
 			}
-			return editConfig(*config, func(c *v1alpha1.Config) error {
+			return editConfig(cmd, *config, dryRun, func(c *v1alpha1.Config) error {
 				i := slices.IndexFunc(c.Limits, func(l v1alpha1.Limit) bool { return l.Name == args[0] })
 				if i < 0 {
 					return fmt.Errorf("limit %q: not in %s (limits: %s)", args[0], *config, names(c))
@@ -195,11 +219,16 @@ func newLimitsDeleteCmd(config *string, kube *kubeFlags) *cobra.Command {
 			})
 		},
 	}
+	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "check the change and print the file it would write; write nothing")
+	return cmd
 }
 
 // editConfig reads the config as written (no defaults filled in), changes
-// it, and validates and atomically rewrites it.
-func editConfig(path string, change func(*v1alpha1.Config) error) error {
+// it, and checks the result as the agent would load it (checkConfig): a
+// file the agent would reject is never written. Warnings go to stderr.
+// With dryRun the file that would be written goes to stdout instead of
+// replacing the config; otherwise it is replaced atomically.
+func editConfig(cmd *cobra.Command, path string, dryRun bool, change func(*v1alpha1.Config) error) error {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return fmt.Errorf("read config: %w", err)
@@ -210,6 +239,22 @@ func editConfig(path string, change func(*v1alpha1.Config) error) error {
 	}
 	if err := change(c); err != nil {
 		return err
+	}
+	out, err := c.Marshal()
+	if err != nil {
+		return err
+	}
+	_, warnings, err := checkConfig(out)
+	printWarnings(cmd.ErrOrStderr(), warnings)
+	if err != nil {
+		return fmt.Errorf("%s unchanged: %w", path, listErrors(err))
+	}
+	if dryRun {
+		if _, err := cmd.OutOrStdout().Write(out); err != nil {
+			return err
+		}
+		fmt.Fprintf(cmd.ErrOrStderr(), "dry run: %s not written\n", path)
+		return nil
 	}
 	if err := v1alpha1.WriteConfigAtomic(path, c); err != nil {
 		return fmt.Errorf("%s unchanged: %w", path, err)

@@ -43,12 +43,13 @@ It watches the replica count behind each limit, divides the global rate by it, a
 enforces the node's share with per-key token buckets in per-CPU BPF maps, in XDP.
 When the count changes, it rewrites the refill rates while packets keep flowing.`,
 		Example: `  rlagent run --config /etc/rlagent/rlagent.yaml
-  rlagent limits set dns --rate 20000 --protocol udp --dst-ports 53
+  rlagent validate --config rlagent.yaml
+  rlagent limits set dns --rate 20000 --protocol udp --dst-ports 53 --dry-run
   rlagent status --watch`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newRunCmd(), newLimitsCmd(), newStatusCmd(), newCleanupCmd(), newVersionCmd())
+	root.AddCommand(newRunCmd(), newValidateCmd(), newLimitsCmd(), newStatusCmd(), newCleanupCmd(), newVersionCmd())
 	return root
 }
 

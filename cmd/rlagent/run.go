@@ -18,6 +18,8 @@ func newRunCmd() *cobra.Command {
 		config    string
 		logLevel  string
 		logFormat string
+		pinDir    string
+		ephemeral bool
 		cluster   clusterFlags
 	)
 	cmd := &cobra.Command{
@@ -34,9 +36,24 @@ and the service scope by the ready endpoints of the Service, weighted by those o
 
 On SIGTERM, SIGINT or SIGKILL the agent exits and the pinned data path keeps enforcing
 the last shares. The next "rlagent run" adopts the pins without detaching. "rlagent
-cleanup" detaches and removes them.`,
+cleanup" detaches and removes them.
+
+One agent per pin directory: the agent locks it for its life, and a second one exits
+naming the holder (PID, host, pod). The pin directory must be on a BPF filesystem that
+outlives the agent: the host's (/sys/fs/bpf; in Kubernetes the hostPath
+/sys/fs/bpf/rlagent). A bpffs the agent would mount itself in a mount namespace of its
+own (under "ip netns exec", "unshare -m" or in a container) dies with it, and the
+limits with it: the agent refuses to start unless --ephemeral-pins says that is meant.
+Under "ip netns exec", point --pin-dir at a bpffs mounted outside /sys, or enter only
+the network namespace ("nsenter --net=/run/netns/NAME rlagent run ...").
+
+Health: /readyz (and /healthz) answer 503 with the reasons while an interface is not
+attached or the last reconcile failed; /livez answers 503 if the agent's loop stalls.
+A stale count is reported there as a note but keeps the agent ready.`,
 		Example: `  rlagent run --config /etc/rlagent/rlagent.yaml
   rlagent run --config rlagent.yaml --log-level debug --log-format json
+  # a demo in a network namespace, accepting that the limits end with the agent
+  ip netns exec demo rlagent run --config rlagent.yaml --ephemeral-pins
   # in a cluster (deploy/daemonset.yaml sets these from the downward API)
   NODE_NAME=node-1 POD_NAMESPACE=rlagent-system rlagent run --config /etc/rlagent/rlagent.yaml`,
 		Args: cobra.NoArgs,
@@ -49,16 +66,24 @@ cleanup" detaches and removes them.`,
 			if err != nil {
 				return err
 			}
+			api, err := cluster.apiServer(log.With("source", "apiserver"))
+			if err != nil {
+				return err
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
-			return agent.Run(ctx, agent.Options{ConfigPath: config, Log: log, Kubernetes: k8s, Ready: func(addr string) {
-				log.Info("ready", "metrics", addr)
-			}})
+			return agent.Run(ctx, agent.Options{ConfigPath: config, Log: log, Kubernetes: k8s, APIServer: api,
+				PinDir: pinDir, EphemeralPins: ephemeral, Ready: func(addr string) {
+					log.Info("ready", "metrics", addr)
+				}})
 		},
 	}
 	cmd.Flags().StringVarP(&config, "config", "c", defaultConfig, "config file (YAML, see docs/config.md)")
 	cmd.Flags().StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	cmd.Flags().StringVar(&logFormat, "log-format", "text", "log format: text, json")
+	cmd.Flags().StringVar(&pinDir, "pin-dir", "", "pin directory, on a bpffs (default: the config's pinDir)")
+	cmd.Flags().BoolVar(&ephemeral, "ephemeral-pins", false,
+		"accept a pin directory that does not outlive the agent (a bpffs of its own in a private mount namespace): enforcement then stops when the agent does")
 	cluster.register(cmd)
 	return cmd
 }

@@ -29,7 +29,9 @@ func newStatusCmd() *cobra.Command {
 		Long: `status reads the pinned maps directly, so it works while the agent is down. For each limit
 it shows the global rate, the observed replica count and its age, the node's share, and the
 admitted, dropped and would-drop (shadow) packets per second since the agent's last
-snapshot (taken every second while it runs).`,
+snapshot (taken every second while it runs). Under the limits (table output) it shows whether
+an agent holds the pin directory, and each interface's attach state (attached native or
+generic, missing, failed, or detached when the kernel says the pinned link is dead).`,
 		Example: `  rlagent status
   rlagent status --output json
   rlagent status --pin-dir /sys/fs/bpf/rlagent --watch`,
@@ -54,6 +56,11 @@ snapshot (taken every second while it runs).`,
 				}
 				if err := printStatus(cmd.OutOrStdout(), st, output); err != nil {
 					return err
+				}
+				if output == "table" {
+					if err := printAgentStatus(cmd.OutOrStdout(), pinDir); err != nil {
+						return err
+					}
 				}
 				if !watch {
 					return nil
@@ -91,7 +98,7 @@ func printStatus(w io.Writer, st []agent.LimitStatus, output string) error {
 		return enc.Encode(st)
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "LIMIT\tSCOPE\tGLOBAL\tREPLICAS\tAGE\tSHARE\tADMIT/S\tDROP/S\tSHADOW/S\tKEYS\t")
+	fmt.Fprintln(tw, "LIMIT\tSCOPE\tGLOBAL\tREPLICAS\tAGE\tSHARE\tADMIT/S\tDROP/S\tSHADOW/S\tKEYS\tSTATE\t")
 	for _, s := range st {
 		age := "-"
 		if s.ObservationAge >= 0 {
@@ -104,9 +111,18 @@ func printStatus(w io.Writer, st []agent.LimitStatus, output string) error {
 		if s.Keys > 0 || s.Totals.NewKeys > 0 {
 			keys = strconv.Itoa(s.Keys)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d %s/s\t%d\t%s\t%d/s\t%.0f\t%.0f\t%.0f\t%s\t\n",
+		fmt.Fprintf(tw, "%s\t%s\t%d %s/s\t%d\t%s\t%d/s\t%.0f\t%.0f\t%.0f\t%s\t%s\t\n",
 			s.Name, s.Scope, s.GlobalRate, s.Unit, s.Replicas, age, s.ShareRate,
-			s.AdmittedPerSecond, s.DroppedPerSecond, s.ShadowPerSecond, keys)
+			s.AdmittedPerSecond, s.DroppedPerSecond, s.ShadowPerSecond, keys, s.State)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	// Why a limit is clamped or not applied, under the table.
+	for _, s := range st {
+		if s.Note != "" {
+			fmt.Fprintf(w, "%s %s: %s\n", s.Name, s.State, s.Note)
+		}
+	}
+	return nil
 }

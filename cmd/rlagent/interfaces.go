@@ -1,0 +1,46 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	"github.com/rlagent/rlagent/agent"
+)
+
+// printAgentStatus prints, under the limits, who holds the pin directory
+// and each interface's attach state (rlagent status, table output).
+func printAgentStatus(w io.Writer, pinDir string) error {
+	st, err := agent.ReadAgentStatus(pinDir)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(w)
+	switch {
+	case st.Running && st.Holder != nil:
+		fmt.Fprintf(w, "agent: running, %s\n", st.Holder)
+	case st.Running:
+		fmt.Fprintln(w, "agent: running (no record)")
+	case st.Holder != nil:
+		fmt.Fprintf(w, "agent: not running (last: %s); the pinned data path enforces the last shares\n", st.Holder)
+	default:
+		fmt.Fprintln(w, "agent: not running; the pinned data path enforces the last shares")
+	}
+	if len(st.Interfaces) == 0 {
+		return nil
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "INTERFACE\tSTATE\tMODE\tSINCE\tERROR")
+	for _, s := range st.Interfaces {
+		since, mode := "-", s.Mode
+		if !s.Since.IsZero() {
+			since = s.Since.Local().Format(time.DateTime)
+		}
+		if mode == "" {
+			mode = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", s.Name, s.State, mode, since, s.Error)
+	}
+	return tw.Flush()
+}

@@ -1,0 +1,157 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rlagent/rlagent/api/v1alpha1"
+	"github.com/rlagent/rlagent/maps"
+)
+
+// fileState is a file's bytes and modification time, and the names in its
+// directory (a temporary file left behind would show there).
+type fileState struct {
+	data  []byte
+	mtime time.Time
+	dir   []string
+}
+
+func stateOf(t *testing.T, path string) fileState {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ents, err := os.ReadDir(filepath.Dir(path))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	return fileState{data, fi.ModTime(), names}
+}
+
+func (s fileState) equal(o fileState) bool {
+	return bytes.Equal(s.data, o.data) && s.mtime.Equal(o.mtime) && strings.Join(s.dir, "/") == strings.Join(o.dir, "/")
+}
+
+// oldConfig writes a config and dates it in the past, so that any write
+// shows in its modification time.
+func oldConfig(t *testing.T, content string) string {
+	t.Helper()
+	path := writeConfig(t, content)
+	past := time.Date(2001, 2, 3, 4, 5, 6, 0, time.UTC)
+	if err := os.Chtimes(path, past, past); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// limits set|delete --dry-run print the file they would write, which the
+// agent loads, and write nothing: the file's bytes, its modification time
+// and its directory stay as they were.
+func TestLimitsDryRunWritesNothing(t *testing.T) {
+	path := oldConfig(t, "interfaces: [eth0]\nmetricsAddress: \"off\"\nlimits:\n"+limitLines(2))
+	before := stateOf(t, path)
+	for _, tc := range []struct {
+		args []string
+		want []string // limit names in the printed file
+	}{
+		{[]string{"limits", "set", "web", "--rate", "100", "--protocol", "tcp", "--dst-ports", "80", "--dry-run"}, []string{"l0", "l1", "web"}},
+		{[]string{"limits", "set", "l0", "--rate", "7", "--dry-run"}, []string{"l0", "l1"}},
+		{[]string{"limits", "delete", "l1", "--dry-run"}, []string{"l0"}},
+	} {
+		r := rlagent(t, append(tc.args, "--config", path)...)
+		if r.code != 0 {
+			t.Errorf("%q: exit %d\n%s", tc.args, r.code, r.stderr)
+			continue
+		}
+		if !strings.Contains(r.stderr, "dry run: "+path+" not written") {
+			t.Errorf("%q: stderr %q does not say that nothing was written", tc.args, r.stderr)
+		}
+		c, err := v1alpha1.ParseConfig([]byte(r.stdout))
+		if err != nil {
+			t.Errorf("%q printed a file the agent does not load: %v\n%s", tc.args, err, r.stdout)
+			continue
+		}
+		var got []string
+		for _, l := range c.Limits {
+			got = append(got, l.Name)
+		}
+		if strings.Join(got, ",") != strings.Join(tc.want, ",") {
+			t.Errorf("%q printed limits %v, want %v", tc.args, got, tc.want)
+		}
+		if after := stateOf(t, path); !after.equal(before) {
+			t.Fatalf("%q changed the config: before %v %q, after %v %q\n%s", tc.args, before.mtime, before.dir, after.mtime, after.dir, after.data)
+		}
+	}
+	// A dry run of an invalid change fails like the change would.
+	if r := rlagent(t, "limits", "set", "x", "--rate", "0", "--dry-run", "--config", path); r.code != 1 || !strings.Contains(r.stderr, "limits[2].rate") || r.stdout != "" {
+		t.Errorf("an invalid dry run: exit %d, stdout %q, stderr %q; want 1, nothing, the field", r.code, r.stdout, r.stderr)
+	}
+	if after := stateOf(t, path); !after.equal(before) {
+		t.Fatal("an invalid dry run changed the config")
+	}
+}
+
+// limits set never writes a file the agent would reject, also when the
+// file passes the config's own validation (v1alpha1.ParseConfig) but not
+// the agent's checks against the data path: one limit more than the data
+// path holds, more prefixes than its tables hold. A warning does not stop a
+// change.
+func TestLimitsSetNeverWritesWhatTheAgentRejects(t *testing.T) {
+	full := "interfaces: [eth0]\nmetricsAddress: \"off\"\nlimits:\n" + limitLines(int(maps.MaxLimits))
+	var cidrs []string
+	for i := range 4097 {
+		cidrs = append(cidrs, fmt.Sprintf("10.%d.%d.0/24", i/256, i%256))
+	}
+	for _, tc := range []struct {
+		name    string
+		content string
+		args    []string
+		want    string
+	}{
+		{"one limit too many", full, []string{"one-more", "--rate", "5"},
+			fmt.Sprintf("limits: %d limits: the data path holds at most %d", maps.MaxLimits+1, maps.MaxLimits)},
+		{"more prefixes than the table holds", "interfaces: [eth0]\n", []string{"wide", "--rate", "5", "--src-cidrs", strings.Join(cidrs, ",")},
+			"limits[*].match.srcCIDRs: 4097 distinct IPv4 source prefixes over all limits: the data path holds at most 4096"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := oldConfig(t, tc.content)
+			before := stateOf(t, path)
+			r := rlagent(t, append([]string{"limits", "set", "--config", path}, tc.args...)...)
+			if r.code != 1 || !strings.Contains(r.stderr, path+" unchanged: ") || !strings.Contains(r.stderr, tc.want) {
+				t.Errorf("exit %d, stderr %.1000q: want 1 and %q", r.code, r.stderr, tc.want)
+			}
+			if after := stateOf(t, path); !after.equal(before) {
+				t.Errorf("limits set wrote a file the agent rejects (%d bytes)", len(after.data))
+			}
+		})
+	}
+
+	// MaxMatch match-all limits, and one more: warned about, and written.
+	var b strings.Builder
+	b.WriteString("interfaces: [eth0]\nlimits:\n")
+	for i := range maps.MaxMatch {
+		fmt.Fprintf(&b, "  - {name: all-%d, rate: 1000, match: {}}\n", i)
+	}
+	path := oldConfig(t, b.String())
+	r := rlagent(t, "limits", "set", "one-more", "--rate", "5", "--config", path)
+	if r.code != 0 || !strings.Contains(r.stderr, "warning: ingress: one packet can match up to") || !strings.Contains(r.stderr, "one-more") {
+		t.Errorf("exit %d, stderr %q: want 0 and a warning naming one-more", r.code, r.stderr)
+	}
+	if c, err := v1alpha1.LoadConfig(path); err != nil || len(c.Limits) != maps.MaxMatch+1 {
+		t.Errorf("after the set: %v, want %d limits", err, maps.MaxMatch+1)
+	}
+}

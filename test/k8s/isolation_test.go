@@ -1,0 +1,127 @@
+package k8s
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/rlagent/rlagent/api/v1alpha1"
+	"github.com/rlagent/rlagent/internal/k8stest"
+	"github.com/rlagent/rlagent/internal/testenv"
+	"github.com/rlagent/rlagent/maps"
+)
+
+// TestLimitThatDoesNotFit: one RateLimit more than the data path holds
+// (MaxLimits + 1, scope nodes) gets Accepted=False with reason DoesNotFit
+// and a message that names the node and says why, on three real agents;
+// the others are enforced and still follow the count (the ready agent
+// pods) on every node. When a place frees up, the limit that did not fit is
+// applied everywhere and its condition turns True.
+//
+// On the code before per-limit isolation, the one limit too many failed
+// every reconcile on every node: no limit was applied, the object said
+// Accepted=True, and counts were no longer followed.
+func TestLimitThatDoesNotFit(t *testing.T) {
+	testenv.RequireRoot(t)
+	env := k8stest.Shared(t)
+	installCRD(t, env)
+	ns := env.Namespace(t)
+	c := startCluster(t, env, ns, 3)
+	rl := dynamicClient(t, env).Resource(v1alpha1.RateLimitResource)
+
+	const rate = 6000
+	n := int(maps.MaxLimits) + 1
+	name := func(i int) string { return fmt.Sprintf("fit-%03d", i) }
+	last := name(n - 1) // new limits take ids in name order: this one finds none
+	created := time.Now()
+	for i := range n {
+		createRateLimit(t, env, rateLimit(name(i), map[string]any{
+			"rate": rate, "scope": "nodes",
+			"match": map[string]any{"protocol": "udp", "dstPorts": []any{fmt.Sprint(20000 + i)}},
+		}))
+	}
+	t.Logf("%d RateLimits created in %s", n, ms(time.Since(created)))
+	all3 := func(w want) []want { return []want{w, w, w} }
+	// No agent pod is ready: a count of 0 divides as 1.
+	for _, l := range []string{name(0), name(n - 2)} {
+		a, err := c.waitShares(l, all3(want{share: rate}), created, 30*time.Second)
+		if err != nil {
+			t.Fatalf("%s: %v", l, err)
+		}
+		t.Logf("%s enforced: %v", l, a)
+	}
+	for _, nd := range c.nodes {
+		if s, ok := nd.limit(t, last); ok {
+			t.Errorf("%s enforces %s, one limit more than the data path holds: %s", nd.name, last, describe(s, ok))
+		}
+	}
+
+	// Each agent writes the status of every RateLimit in turn, at its
+	// client's 5 requests/s: a round over 129 objects takes ~26 s.
+	waitCondition := func(l, status, reason string, msg ...string) {
+		t.Helper()
+		took := waitFor(t, 90*time.Second, fmt.Sprintf("RateLimit %s: Accepted=%s, reason %s", l, status, reason), func() (bool, string) {
+			obj, err := rl.Get(t.Context(), l, metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error()
+			}
+			c := condition(obj, v1alpha1.ConditionAccepted)
+			if c == nil || c["status"] != status || c["reason"] != reason {
+				return false, fmt.Sprintf("status %v", obj.Object["status"])
+			}
+			for _, m := range msg {
+				if !strings.Contains(fmt.Sprint(c["message"]), m) {
+					return false, fmt.Sprintf("message %q does not say %q", c["message"], m)
+				}
+			}
+			t.Logf("%s: Accepted=%s (reason %s, message %q)", l, status, reason, c["message"])
+			return true, ""
+		})
+		t.Logf("%s: condition seen %s after the wait began", l, ms(took))
+	}
+	waitCondition(last, "False", v1alpha1.ReasonDoesNotFit, "node node-", fmt.Sprintf("holds %d limits", maps.MaxLimits))
+	waitCondition(name(0), "True", v1alpha1.ReasonValid)
+
+	// The count changes: every limit that fits follows it on every node.
+	pods := env.Clientset().CoreV1().Pods(ns)
+	started := time.Now()
+	for i := 1; i <= 3; i++ {
+		p, err := pods.Create(t.Context(), &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("agent-%d", i), Labels: map[string]string{agentLabel: ns}},
+			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "rlagent", Image: "ghcr.io/rlagent/rlagent:test"}}},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Status.Phase = corev1.PodRunning
+		p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: metav1.Now()}}
+		if _, err := pods.UpdateStatus(t.Context(), p, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	three := want{share: rate / 3, replicas: 3, local: 1}
+	for _, l := range []string{name(0), name(n - 2)} {
+		a, err := c.waitShares(l, all3(three), started, 15*time.Second)
+		if err != nil {
+			t.Fatalf("count 3: %s: %v", l, err)
+		}
+		t.Logf("count 3: %s re-divided: %v", l, a)
+	}
+	waitCondition(last, "False", v1alpha1.ReasonDoesNotFit)
+
+	// A place frees up: the limit that did not fit is applied everywhere.
+	deleted := time.Now()
+	if err := rl.Delete(t.Context(), name(7), metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	a, err := c.waitShares(last, all3(three), deleted, 15*time.Second)
+	if err != nil {
+		t.Fatalf("after a place freed up: %s: %v", last, err)
+	}
+	t.Logf("%s applied once %s was deleted: %v", last, name(7), a)
+	waitCondition(last, "True", v1alpha1.ReasonValid)
+}
