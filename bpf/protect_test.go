@@ -2,7 +2,6 @@ package bpf_test
 
 import (
 	"errors"
-	"net/netip"
 	"testing"
 
 	"github.com/rlagent/rlagent/maps"
