@@ -141,4 +141,3 @@ func TestProtectRejects(t *testing.T) {
 		})
 	}
 }
-
