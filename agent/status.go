@@ -167,3 +167,15 @@ func ReadStatus(pinDir string) ([]LimitStatus, error) {
 	defer d.Close()
 	return readStatus(d, time.Now())
 }
+
+// ReadGlobalStats reads the data path's counters that belong to no limit
+// (L4-unknown packets, fragments, protected packets, overflow) from the maps
+// pinned in pinDir. Like ReadStatus, it writes nothing.
+func ReadGlobalStats(pinDir string) (maps.GlobalStats, error) {
+	d, err := maps.OpenPinned(pinDir)
+	if err != nil {
+		return maps.GlobalStats{}, err
+	}
+	defer d.Close()
+	return d.GlobalStats()
+}

@@ -99,3 +99,35 @@ func BenchmarkStatus(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Milliseconds())/float64(b.N), "ms/status")
 }
+
+// The data path's own counters are read from the pins too (status prints
+// them under the limits): an IPv4 UDP first fragment too short for its UDP
+// header is L4-unknown, and a later fragment of another datagram is one
+// whose first was not seen.
+func TestReadGlobalStatsFromPins(t *testing.T) {
+	dir := pinnedWithKeys(t, 1, 1)
+	dp, err := maps.Load(maps.Options{PinDir: dir, MaxBuckets: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dp.Close()
+	tiny := udpFrom(0x0b000001)[:14+20+4] // 4 bytes of UDP header
+	ip := tiny[14:]
+	binary.BigEndian.PutUint16(ip[2:], 24)     // total length
+	binary.BigEndian.PutUint16(ip[6:], 0x2000) // MF, offset 0: a first fragment
+	later := udpFrom(0x0b000002)
+	binary.BigEndian.PutUint16(later[14+4:], 7)      // another datagram's id
+	binary.BigEndian.PutUint16(later[14+6:], 0x0005) // offset 40 bytes, the last
+	for _, p := range [][]byte{tiny, later} {
+		if _, err := dp.Program().Run(&ebpf.RunOptions{Data: p}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g, err := ReadGlobalStats(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g.L4Unknown != 2 || g.FragFirst != 1 || g.FragUnseen != 1 {
+		t.Errorf("global stats from the pins = %+v, want 2 L4-unknown, 1 first fragment, 1 unseen", g)
+	}
+}

@@ -146,8 +146,9 @@ func Load(opts Options) (*Datapath, error) {
 			return nil, fmt.Errorf("load data path: %+v", ve)
 		}
 		if errors.Is(err, ebpf.ErrMapIncompatible) {
-			return nil, fmt.Errorf("load data path: the maps pinned in %s were made by another version of rlagent "+
-				"(their layout differs; `rlagent cleanup` removes them, and enforcement stops until the agent attaches again): %w",
+			return nil, fmt.Errorf("load data path: the maps pinned in %s do not match this data path "+
+				"(made by another version of rlagent, or with another maxBuckets; `rlagent cleanup` removes them, "+
+				"and enforcement stops until the agent attaches again): %w",
 				opts.PinDir, err)
 		}
 		return nil, fmt.Errorf("load data path: %w", err)

@@ -212,8 +212,12 @@ func TestVclock(t *testing.T) {
 			check(p, r.Uint64N(p.BaseNs)) // the clock behind the base
 		}
 	}
-	// The largest dt a u64 clock can show, at MaxRate.
-	check(bpf.RatelimitRlParams{Rate: MaxRate}, ^uint64(0))
+	// A century of uptime since the base, at MaxRate: V (dt x rate) stays
+	// below 2^64 for 146 years at 4e9 units/s.
+	check(bpf.RatelimitRlParams{Rate: MaxRate}, 100*year)
+	if ^uint64(0)/MaxRate < 100*year/nsPerSec { // seconds until V reaches 2^64
+		t.Errorf("MaxRate %d overflows V within a century", MaxRate)
+	}
 }
 
 // wireMask turns a mask as the data path stores it (network byte order

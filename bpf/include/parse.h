@@ -139,8 +139,10 @@ static __always_inline int parse_ipv4(struct cursor *c, void *data, void *end, s
 	p->src[3] = ip->saddr;
 	p->dst[2] = bpf_htonl(0xffff);
 	p->dst[3] = ip->daddr;
-	p->frag_id = ip->id;
 	frag = bpf_ntohs(ip->frag_off);
+	if (!(frag & (RL_IP_OFFSET | RL_IP_MF)))
+		return ip->protocol;	/* a whole datagram: the common case */
+	p->frag_id = ip->id;
 	p->frag_start = frag & RL_IP_OFFSET;
 	p->frag_len = tot - hlen;
 	if (frag & RL_IP_OFFSET) {
@@ -148,7 +150,7 @@ static __always_inline int parse_ipv4(struct cursor *c, void *data, void *end, s
 		/* Offset 1 overlaps bytes 8-15 of a TCP header (the flags). */
 		if ((frag & RL_IP_OFFSET) == 1 && ip->protocol == IPPROTO_TCP)
 			p->l4_unknown = 1;
-	} else if (frag & RL_IP_MF) {
+	} else {
 		p->frag = RL_FRAG_FIRST;
 	}
 	return ip->protocol;

@@ -29,7 +29,9 @@ func newStatusCmd() *cobra.Command {
 		Long: `status reads the pinned maps directly, so it works while the agent is down. For each limit
 it shows the global rate, the observed replica count and its age, the node's share, and the
 admitted, dropped and would-drop (shadow) packets per second since the agent's last
-snapshot (taken every second while it runs). Under the limits (table output) it shows whether
+snapshot (taken every second while it runs). Under the limits (table output) it shows the data
+path's own counters since its maps were created (packets whose transport header could not be
+found, fragments, protected packets, packets matching more limits than are checked), whether
 an agent holds the pin directory, and each interface's attach state (attached native or
 generic, missing, failed, or detached when the kernel says the pinned link is dead).`,
 		Example: `  rlagent status
@@ -58,6 +60,11 @@ generic, missing, failed, or detached when the kernel says the pinned link is de
 					return err
 				}
 				if output == "table" {
+					g, err := agent.ReadGlobalStats(pinDir)
+					if err != nil {
+						return err
+					}
+					printGlobal(cmd.OutOrStdout(), g)
 					if err := printAgentStatus(cmd.OutOrStdout(), pinDir); err != nil {
 						return err
 					}
@@ -125,4 +132,13 @@ func printStatus(w io.Writer, st []agent.LimitStatus, output string) error {
 		}
 	}
 	return nil
+}
+
+// printGlobal prints the data path's counters that belong to no limit, on
+// one line: totals since the maps were created.
+func printGlobal(w io.Writer, g maps.GlobalStats) {
+	fmt.Fprintf(w, "data path: l4-unknown %d, fragments %d first / %d unseen, protected %d, "+
+		"match overflow %d (fail closed %d), pool full %d, lease contended %d, key cache bypass %d\n",
+		g.L4Unknown, g.FragFirst, g.FragUnseen, g.Protected, g.MatchOverflow, g.FailClosed,
+		g.PoolFull, g.LeaseContended, g.CacheBypass)
 }

@@ -154,9 +154,11 @@ func (p *Pair) addNeighbors() error {
 }
 
 // MustPair is NewPair for a test: it fails tb on error and closes the pair
-// in tb.Cleanup, which runs also when the test fails.
+// in tb.Cleanup, which runs also when the test fails. The test holds the
+// traffic lock (HoldTraffic) until then.
 func MustPair(tb testing.TB, cfg PairConfig) *Pair {
 	tb.Helper()
+	HoldTraffic(tb)
 	p, err := NewPair(cfg)
 	if err != nil {
 		tb.Fatalf("%v", err)
