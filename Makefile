@@ -12,7 +12,7 @@ GO ?= go
 # Variables a user sets on the command line; `#:` lines are what `make help` prints.
 # (No comments after the values: make keeps the spaces before a `#` in the value.)
 #: TESTFLAGS=          extra go test flags for `make test`, e.g. TESTFLAGS='-run TestXDP -v'
-#: FUZZ=FuzzParse      fuzz target for `make test-fuzz` (must match exactly one Fuzz function in bpf/)
+#: FUZZ=FuzzParse      fuzz target for `make test-fuzz` in bpf/: FuzzParse (frames), FuzzChains (header chains and fragment trains), FuzzOracle (the kernel decides)
 #: FUZZTIME=30s        how long `make test-fuzz` fuzzes
 #: BENCH=.             benchmark regexp for `make bench`
 #: BENCHTIME=2s        -benchtime for `make bench`
