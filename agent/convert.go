@@ -72,26 +72,13 @@ func toMapsLimit(in *v1alpha1.RateLimitSpec, share Share) (maps.Limit, error) {
 	default:
 		return maps.Limit{}, fmt.Errorf("match.direction: %q is not supported by the data path", m.Direction)
 	}
-	switch m.Protocol {
-	case v1alpha1.ProtocolTCP:
-		l.Match.Protocol = maps.TCP
-	case v1alpha1.ProtocolUDP:
-		l.Match.Protocol = maps.UDP
-	case v1alpha1.ProtocolICMP:
-		l.Match.Protocol = maps.ICMP
-	case v1alpha1.ProtocolAny:
-		l.Match.Protocol = maps.AnyProtocol
-	default:
-		return maps.Limit{}, fmt.Errorf("match.protocol: %q is not supported by the data path", m.Protocol)
-	}
-	for i, s := range m.DstPorts {
-		first, last, err := v1alpha1.ParsePortRange(s)
-		if err != nil {
-			return maps.Limit{}, fmt.Errorf("match.dstPorts[%d]: %w", i, err)
-		}
-		l.Match.DstPorts = append(l.Match.DstPorts, maps.PortRange{First: first, Last: last})
-	}
 	var err error
+	if l.Match.Protocol, err = toMapsProtocol(m.Protocol); err != nil {
+		return maps.Limit{}, fmt.Errorf("match.protocol: %w", err)
+	}
+	if l.Match.DstPorts, err = portRanges("match.dstPorts", m.DstPorts); err != nil {
+		return maps.Limit{}, err
+	}
 	if l.Match.SrcCIDRs, err = prefixes("match.srcCIDRs", m.SrcCIDRs); err != nil {
 		return maps.Limit{}, err
 	}
@@ -101,6 +88,35 @@ func toMapsLimit(in *v1alpha1.RateLimitSpec, share Share) (maps.Limit, error) {
 	return l, nil
 }
 
+// toMapsProtocol is the data path's protocol for the config's (defaulted).
+func toMapsProtocol(p v1alpha1.Protocol) (maps.Protocol, error) {
+	switch p {
+	case v1alpha1.ProtocolTCP:
+		return maps.TCP, nil
+	case v1alpha1.ProtocolUDP:
+		return maps.UDP, nil
+	case v1alpha1.ProtocolICMP:
+		return maps.ICMP, nil
+	case v1alpha1.ProtocolAny:
+		return maps.AnyProtocol, nil
+	}
+	return 0, fmt.Errorf("%q is not supported by the data path", p)
+}
+
+// portRanges parses a list of ports and ranges ("53", "8000-8080").
+func portRanges(field string, in []string) ([]maps.PortRange, error) {
+	var out []maps.PortRange
+	for i, s := range in {
+		first, last, err := v1alpha1.ParsePortRange(s)
+		if err != nil {
+			return nil, fmt.Errorf("%s[%d]: %w", field, i, err)
+		}
+		out = append(out, maps.PortRange{First: first, Last: last})
+	}
+	return out, nil
+}
+
+// prefixes parses a list of CIDRs.
 func prefixes(field string, in []string) ([]netip.Prefix, error) {
 	var out []netip.Prefix
 	for i, s := range in {

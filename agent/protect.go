@@ -206,30 +206,21 @@ func protectRules(list []v1alpha1.Protect, apiServer []netip.AddrPort) ([]maps.P
 	for i := range list {
 		p := list[i]
 		p.Default()
-		r := maps.ProtectRule{}
-		switch p.Protocol {
-		case v1alpha1.ProtocolAny:
-			r.Protocol = maps.AnyProtocol
-		case v1alpha1.ProtocolTCP:
-			r.Protocol = maps.TCP
-		case v1alpha1.ProtocolUDP:
-			r.Protocol = maps.UDP
-		default:
+		var (
+			r   maps.ProtectRule
+			err error
+		)
+		if r.Protocol, err = toMapsProtocol(p.Protocol); err != nil || r.Protocol == maps.ICMP {
 			return nil, fmt.Errorf("protect %s: protocol %q is not one of any, tcp, udp", p.Name, p.Protocol)
 		}
-		for _, s := range p.Peers {
-			pfx, err := v1alpha1.ParseCIDR(s)
-			if err != nil {
-				return nil, fmt.Errorf("protect %s: peers: %w", p.Name, err)
-			}
-			r.Peers = append(r.Peers, pfx)
+		if r.Peers, err = prefixes("peers", p.Peers); err != nil {
+			return nil, fmt.Errorf("protect %s: %w", p.Name, err)
 		}
-		var err error
-		if r.LocalPorts, err = portRanges(p.LocalPorts); err != nil {
-			return nil, fmt.Errorf("protect %s: localPorts: %w", p.Name, err)
+		if r.LocalPorts, err = portRanges("localPorts", p.LocalPorts); err != nil {
+			return nil, fmt.Errorf("protect %s: %w", p.Name, err)
 		}
-		if r.RemotePorts, err = portRanges(p.RemotePorts); err != nil {
-			return nil, fmt.Errorf("protect %s: remotePorts: %w", p.Name, err)
+		if r.RemotePorts, err = portRanges("remotePorts", p.RemotePorts); err != nil {
+			return nil, fmt.Errorf("protect %s: %w", p.Name, err)
 		}
 		rules = append(rules, r)
 	}
@@ -240,18 +231,6 @@ func protectRules(list []v1alpha1.Protect, apiServer []netip.AddrPort) ([]maps.P
 		return nil, fmt.Errorf("%d protect rules is more than the data path's %d", len(rules), maps.MaxProtectRules)
 	}
 	return rules, nil
-}
-
-func portRanges(list []string) ([]maps.PortRange, error) {
-	var out []maps.PortRange
-	for _, s := range list {
-		first, last, err := v1alpha1.ParsePortRange(s)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, maps.PortRange{First: first, Last: last})
-	}
-	return out, nil
 }
 
 // apiServerRule is the rule for the API server's endpoints: TCP from each

@@ -70,6 +70,18 @@ func (a *Agent) PID() int { return a.cmd.Process.Pid }
 // Log is everything the agent wrote so far (stdout and stderr).
 func (a *Agent) Log() string { return a.out.String() }
 
+// LastLogLine is the last line of the agent's output that contains substr,
+// or "".
+func (a *Agent) LastLogLine(substr string) string {
+	var line string
+	for l := range strings.SplitSeq(a.Log(), "\n") {
+		if strings.Contains(l, substr) {
+			line = l
+		}
+	}
+	return line
+}
+
 // State is the exit state, once the agent has exited (nil before).
 func (a *Agent) State() *os.ProcessState {
 	select {

@@ -47,6 +47,10 @@ type SenderConfig struct {
 	// Tick is how often the sender wakes up to send what is due (default
 	// 1 ms). Packets due in one tick leave back to back.
 	Tick time.Duration
+	// Size is the UDP payload of each datagram, in bytes: at least the 20
+	// bytes a Receiver reads (the default), at most 65507. Above the path
+	// MTU the kernel fragments each datagram.
+	Size int
 }
 
 // Sender sends datagrams on a connected UDP socket at a paced rate. It
@@ -77,6 +81,12 @@ func StartSender(conn *net.UDPConn, cfg SenderConfig) (*Sender, error) {
 	if cfg.Tick <= 0 {
 		cfg.Tick = time.Millisecond
 	}
+	if cfg.Size == 0 {
+		cfg.Size = payloadLen
+	}
+	if cfg.Size < payloadLen || cfg.Size > 65507 {
+		return nil, fmt.Errorf("sender: Size %d is not in %d..65507", cfg.Size, payloadLen)
+	}
 	s := &Sender{
 		conn: conn,
 		cfg:  cfg,
@@ -102,7 +112,7 @@ func (s *Sender) Rate() float64 { return math.Float64frombits(s.rate.Load()) }
 
 func (s *Sender) run() {
 	defer close(s.done)
-	buf := make([]byte, payloadLen)
+	buf := make([]byte, s.cfg.Size)
 	start := time.Now()
 	deadline := start.Add(s.cfg.Duration)
 	tick := time.NewTicker(s.cfg.Tick)

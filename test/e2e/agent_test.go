@@ -107,12 +107,7 @@ func (e *env) checkStatus(what string, count int, share uint64) {
 func TestLimitHoldsAfterSIGKILL(t *testing.T) {
 	testenv.RequireRoot(t)
 	e := newEnv(t)
-	e.writeCount(2)
-	e.writeConfig(e.configYAML(globalRate, ""))
-	a := e.startAgent()
-	share := float64(globalRate / 2)
-	s := e.startSender(2*share, true)
-	time.Sleep(settle)
+	a, s, share := e.halfShare(e.configYAML(globalRate, ""), true)
 
 	a.Stop(syscall.SIGKILL, 5*time.Second)
 	killed := time.Now()
@@ -203,12 +198,7 @@ func TestRestartAdoptsPins(t *testing.T) {
 func TestInvalidConfigKeepsLimits(t *testing.T) {
 	testenv.RequireRoot(t)
 	e := newEnv(t)
-	e.writeCount(2)
-	e.writeConfig(e.configYAML(globalRate, ""))
-	a := e.startAgent()
-	share := float64(globalRate / 2)
-	s := e.startSender(2*share, false)
-	time.Sleep(settle)
+	a, s, share := e.halfShare(e.configYAML(globalRate, ""), false)
 	before, _ := e.limit()
 
 	// A valid new rate next to an invalid action: none of it may apply.
@@ -217,12 +207,7 @@ func TestInvalidConfigKeepsLimits(t *testing.T) {
 	if !a.WaitLog(3*time.Second, "config rejected") {
 		t.Fatalf("the agent did not reject the invalid config within 3 s")
 	}
-	var line string
-	for l := range strings.SplitSeq(a.Log(), "\n") {
-		if strings.Contains(l, "config rejected") {
-			line = l
-		}
-	}
+	line := a.LastLogLine("config rejected")
 	t.Logf("rejected %v after the write: %s", time.Since(written).Round(time.Millisecond), line)
 	if !strings.Contains(line, "limits[0].action") || !strings.Contains(line, "drop, shadow, pace") {
 		t.Errorf("the rejection does not name limits[0].action and its valid values: %s", line)

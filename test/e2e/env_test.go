@@ -127,6 +127,20 @@ func (e *env) startSender(rate float64, ipv6 bool) *nettest.Sender {
 
 // startAgent runs `rlagent run` in B and waits until it has attached (or
 // adopted) the data path. Cleanup stops it: SIGTERM, then SIGKILL after 5 s.
+// halfShare sets the usual scene: a count of 2 (the share is half the
+// global rate), the agent started on config, and a sender at twice the
+// share, settled. It returns the agent, the sender and the share.
+func (e *env) halfShare(config string, ipv6 bool) (*agenttest.Agent, *nettest.Sender, float64) {
+	e.t.Helper()
+	e.writeCount(2)
+	e.writeConfig(config)
+	a := e.startAgent()
+	share := float64(globalRate / 2)
+	s := e.startSender(2*share, ipv6)
+	time.Sleep(settle)
+	return a, s, share
+}
+
 func (e *env) startAgent() *agenttest.Agent {
 	e.t.Helper()
 	a := agenttest.StartAgent(e.t, e.pair.B, rlagentBin, "--config", e.config, "--log-level", "debug")

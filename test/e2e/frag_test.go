@@ -118,7 +118,7 @@ limits:
 	}
 	t.Cleanup(func() { conn.Close() })
 	rate := 2 * float64(share) / float64(frameBytes) // datagrams/s
-	s, err := nettest.StartBulkSender(conn, nettest.BulkConfig{Size: fragSize, Rate: rate, Count: int64(rate*fragSpan.Seconds()) + 1, Duration: fragSpan})
+	s, err := nettest.StartSender(conn, nettest.SenderConfig{Size: fragSize, Rate: rate, Count: int64(rate*fragSpan.Seconds()) + 1, Duration: fragSpan})
 	if err != nil {
 		t.Fatal(err)
 	}

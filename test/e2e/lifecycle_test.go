@@ -76,12 +76,7 @@ func refused(t *testing.T, a *agenttest.Agent, timeout time.Duration) string {
 func TestSecondAgentOnPinDirRefused(t *testing.T) {
 	testenv.RequireRoot(t)
 	e := newEnv(t)
-	e.writeCount(2)
-	e.writeConfig(e.configYAML(globalRate, ""))
-	first := e.startAgent()
-	share := float64(globalRate / 2)
-	s := e.startSender(2*share, false)
-	time.Sleep(settle)
+	first, s, share := e.halfShare(e.configYAML(globalRate, ""), false)
 
 	// The second one's own config: four times the rate.
 	other := filepath.Join(e.dir, "other.yaml")
@@ -289,12 +284,7 @@ func (e *env) statusInterfaceLine() string {
 func TestInterfaceRecreatedReattached(t *testing.T) {
 	testenv.RequireRoot(t)
 	e := newEnv(t)
-	e.writeCount(2)
-	e.writeConfig(e.configYAML(globalRate, ""))
-	e.startAgent()
-	share := float64(globalRate / 2)
-	s := e.startSender(2*share, false)
-	time.Sleep(settle)
+	_, s, share := e.halfShare(e.configYAML(globalRate, ""), false)
 	e.checkAdmitted("before", s, time.Now(), time.Second, share, 0.05)
 
 	for round := 1; round <= 3; round++ {
@@ -440,12 +430,7 @@ func grep(s string, prefixes ...string) string {
 func TestReloadWithMissingInterfaceRejectedWhole(t *testing.T) {
 	testenv.RequireRoot(t)
 	e := newEnv(t)
-	e.writeCount(2)
-	e.writeConfig(withMetrics(e.configYAML(globalRate, "")))
-	a := e.startAgent()
-	share := float64(globalRate / 2)
-	s := e.startSender(2*share, false)
-	time.Sleep(settle)
+	a, s, share := e.halfShare(withMetrics(e.configYAML(globalRate, "")), false)
 
 	const missing = "rlnosuch0"
 	written := time.Now()
@@ -454,12 +439,7 @@ func TestReloadWithMissingInterfaceRejectedWhole(t *testing.T) {
 	if !a.WaitLog(3*time.Second, "config rejected") {
 		t.Fatalf("the agent did not reject the config within 3 s")
 	}
-	var line string
-	for l := range strings.SplitSeq(a.Log(), "\n") {
-		if strings.Contains(l, "config rejected") {
-			line = l
-		}
-	}
+	line := a.LastLogLine("config rejected")
 	t.Logf("rejected %v after the write: %s", time.Since(written).Round(time.Millisecond), line)
 	if !strings.Contains(line, missing) {
 		t.Errorf("the rejection does not name %s", missing)
