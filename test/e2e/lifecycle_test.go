@@ -323,7 +323,11 @@ func TestReadinessTellsTheTruth(t *testing.T) {
 	e := newEnv(t)
 	e.writeCount(2)
 	e.writeConfig(withMetrics(e.configYAML(globalRate, "")))
-	e.startAgent()
+	a := e.startAgent()
+	// startAgent returns on the attach; the listener comes up after it.
+	if !a.WaitLog(5*time.Second, "msg=ready") {
+		t.Fatalf("the agent did not log ready within 5 s")
+	}
 	series := fmt.Sprintf(`rlagent_interface_attached{interface=%q,mode="native"}`, e.pair.IfB)
 
 	for _, path := range []string{"/healthz", "/readyz"} {
