@@ -84,6 +84,7 @@ _Static_assert(RL_KEY_CACHE_SETS * RL_KEY_CACHE_WAYS < RL_NO_WAY, "struct match 
 struct rl_decision {
 	struct match m[RL_MAX_MATCH];
 	__u64 now;	/* the clock, read at most once (rl_now); 0: not yet */
+	__u64 seed[2];	/* rl_config.seed, for the keyed buckets' hash */
 };
 
 /* 0 -> the decisions of the packet this CPU is deciding. PERCPU scratch
@@ -383,13 +384,11 @@ __noinline int rl_check(const struct pkt *p, struct rl_decision *d, __u32 i)
 		c = &lc->cache;
 	} else {
 		struct rl_key_ref r = {};
-		struct rl_config *cfg;
 		struct rl_key_slot *s;
-		__u32 zero = 0, w;
 		bool cached;
+		__u32 w;
 
-		cfg = bpf_map_lookup_elem(&rl_cfg, &zero);
-		if (!cfg || !rl_key_find(lim, id, p, cfg->seed, &r))
+		if (!rl_key_find(lim, id, p, d->seed, &r))
 			return MATCH_FAIL_OPEN;
 		w = r.way;
 		cached = w < RL_KEY_CACHE_WAYS;
@@ -699,6 +698,8 @@ __noinline int rl_decide_all(const struct pkt *p, const struct rl_mask *cand, __
 		return 1;
 	it = rl_walk_start(cand);
 	d->now = now;
+	d->seed[0] = cfg->seed[0];
+	d->seed[1] = cfg->seed[1];
 	for (int i = 0; i < RL_MAX_MATCH; i++) {
 		if (!rl_walk_next(&it, cand, &id))
 			break;
@@ -729,15 +730,16 @@ __noinline int rl_decide_all(const struct pkt *p, const struct rl_mask *cand, __
  * inline, built from the same helpers as rl_check and rl_commit (the CPU's
  * cache holds the cost: draw it and admit; a key-less limit's CPU waits for
  * its pool to refill: reject without touching the pool). Everything else
- * (lease, new key, taking a cache way, stale generation) goes the general
- * way, with one candidate. */
+ * (lease, new key, taking a cache way, stale generation) goes through
+ * rl_check and rl_commit, as in rl_decide_all, without the walk. */
 static __always_inline bool rl_decide_one(const struct pkt *p, const struct rl_config *cfg,
-					  const struct rl_mask *cand, __u32 id, __u64 now)
+					  __u32 id, __u64 now)
 {
 	struct rl_limit_cpu *lc;
 	struct rl_limit *lim = rl_limit_of(id, &lc);
+	struct rl_decision *d;
 	struct rl_cache *c;
-	__u32 cost;
+	__u32 cost, zero = 0;
 	int state;
 
 	if (!lim)
@@ -752,9 +754,14 @@ static __always_inline bool rl_decide_one(const struct pkt *p, const struct rl_c
 			/* The pool was short: over limit until a chunk has accrued. */
 			if (c->seq != lim->seq || c->retry_ns <= rl_now(&now))
 				goto slow;
-			state = rl_over(lim);
-			rl_count(&lc->stats, state, p->len);
-			return state != MATCH_REJECT;
+			/* rl_over and rl_count, with the state known at each
+			 * branch: no run-time switch on the drop path. */
+			if (lim->action == RL_ACTION_SHADOW) {
+				rl_count(&lc->stats, MATCH_SHADOW, p->len);
+				return true;
+			}
+			rl_count(&lc->stats, MATCH_REJECT, p->len);
+			return false;
 		}
 	} else {
 		struct rl_key_ref r = {};
@@ -776,7 +783,18 @@ static __always_inline bool rl_decide_one(const struct pkt *p, const struct rl_c
 	return true;
 
 slow:
-	return rl_decide_all(p, cand, now);
+	/* rl_decide_all with one candidate, without its walk. */
+	d = bpf_map_lookup_elem(&rl_scratch, &zero);
+	if (!d)
+		return true;
+	d->now = now;
+	d->seed[0] = cfg->seed[0];
+	d->seed[1] = cfg->seed[1];
+	d->m[0].id = id;
+	state = rl_check(p, d, 0);
+	d->m[0].state = state;
+	rl_commit(p, &d->m[0], state != MATCH_REJECT);
+	return state != MATCH_REJECT;
 }
 
 /* The common case of several candidates, inline: every one is a key-less
@@ -847,7 +865,7 @@ static __always_inline bool rl_decide(struct pkt *p, __u32 dir)
 	__u32 zero = 0;
 
 	/* One test on the common path for two rare cases. */
-	if (p->frag | p->l4_unknown) {
+	if (__builtin_expect(p->frag | p->l4_unknown, 0)) {
 		if (p->frag != RL_FRAG_NONE)
 			rl_frag(p, &now);
 		if (p->l4_unknown)
@@ -857,7 +875,7 @@ static __always_inline bool rl_decide(struct pkt *p, __u32 dir)
 	cfg = bpf_map_lookup_elem(&rl_cfg, &zero);
 	if (!cfg)
 		return true;
-	if (cfg->protect_rules && rl_protected(p, cfg, dir)) {
+	if (__builtin_expect(cfg->protect_rules != 0, 0) && rl_protected(p, cfg, dir)) {
 		rl_global_count(G_PROTECTED);
 		return true;
 	}
@@ -866,7 +884,7 @@ static __always_inline bool rl_decide(struct pkt *p, __u32 dir)
 
 	/* Exactly one candidate: the common case. */
 	if (cand.w[0] ? !(cand.w[0] & (cand.w[0] - 1)) && !cand.w[1] : !(cand.w[1] & (cand.w[1] - 1)))
-		return rl_decide_one(p, cfg, &cand, cand.w[0] ? rl_ctz64(cand.w[0]) : 64 + rl_ctz64(cand.w[1]), now);
+		return rl_decide_one(p, cfg, cand.w[0] ? rl_ctz64(cand.w[0]) : 64 + rl_ctz64(cand.w[1]), now);
 	if (rl_decide_fast(p, &cand))
 		return true;
 	return rl_decide_all(p, &cand, now);

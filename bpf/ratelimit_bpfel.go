@@ -86,7 +86,8 @@ type RatelimitRlDecision struct {
 		Id    uint8
 		State uint8
 	}
-	Now uint64
+	Now  uint64
+	Seed [2]uint64
 }
 
 type RatelimitRlDirection uint32
