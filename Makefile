@@ -100,8 +100,8 @@ test-k8s: ## only the Kubernetes tests, against a real kube-apiserver and etcd (
 test-fuzz: ## fuzz the bpf/ packet parser (FUZZ, default FuzzParse) for FUZZTIME
 	$(GO) test -run '^$$' -fuzz '$(FUZZ)' -fuzztime $(FUZZTIME) ./bpf/
 
-bench: ## run the data path and agent benchmarks into bench.out and print the summary table
-	$(GO) test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -count $(BENCHCOUNT) ./bpf/ ./agent/ ./test/e2e/ | tee bench.out
+bench: ## run the data path and agent benchmarks (one package at a time) into bench.out and print the summary table
+	$(GO) test -p 1 -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -count $(BENCHCOUNT) ./bpf/ ./agent/ ./test/e2e/ | tee bench.out
 	$(GO) run ./internal/benchtable < bench.out
 
 demo: ## as root: rate-limit real UDP between two network namespaces while the replica count changes (~45 s)

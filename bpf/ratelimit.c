@@ -865,7 +865,7 @@ static __always_inline bool rl_decide(struct pkt *p, __u32 dir)
 	__u32 zero = 0;
 
 	/* One test on the common path for two rare cases. */
-	if (__builtin_expect(p->frag | p->l4_unknown, 0)) {
+	if (__builtin_expect(p->rare != 0, 0)) {
 		if (p->frag != RL_FRAG_NONE)
 			rl_frag(p, &now);
 		if (p->l4_unknown)

@@ -70,9 +70,14 @@ struct pkt {
 	__u16 dport;
 	__u8 pclass;		/* enum rl_proto_class */
 	__u8 family;		/* 4 or 6; 0 when the IP header was not reached */
+	union {
+		struct {
+			__u8 frag;		/* enum rl_frag */
+			__u8 l4_unknown;	/* the transport header could not be found */
+		};
+		__u16 rare;	/* either of them: one test on the common path */
+	};
 	__u8 has_ports;
-	__u8 l4_unknown;	/* the transport header could not be found */
-	__u8 frag;		/* enum rl_frag */
 	__u8 proto;		/* IP protocol number (of the transport header) */
 	__u16 frag_start;	/* fragments: offset, 8-byte units */
 	__u16 frag_len;		/* fragments: bytes of the datagram this one carries */
