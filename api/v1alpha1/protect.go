@@ -92,16 +92,7 @@ func (c *Config) validateProtect() []error {
 	for i := range c.Protect {
 		p := &c.Protect[i]
 		at := index("protect", i)
-		switch j, dup := names[p.Name]; {
-		case p.Name == "":
-			el.add(field(at, "name"), "required: 1..63 lowercase letters, digits and '-'")
-		case !isDNSLabel(p.Name):
-			el.add(field(at, "name"), "%q is not a name: 1..63 lowercase letters, digits and '-', starting and ending with a letter or digit", p.Name)
-		case dup:
-			el.add(field(at, "name"), "%q is already the name of protect[%d]", p.Name, j)
-		default:
-			names[p.Name] = i
-		}
+		el.uniqueName("protect", i, p.Name, names)
 		el = append(el, p.validate(at)...)
 	}
 	return el

@@ -68,16 +68,7 @@ func (c *Config) Validate() error {
 	for i := range c.Limits {
 		l := &c.Limits[i]
 		p := index("limits", i)
-		switch j, dup := names[l.Name]; {
-		case l.Name == "":
-			el.add(field(p, "name"), "required: 1..63 lowercase letters, digits and '-'")
-		case !isDNSLabel(l.Name):
-			el.add(field(p, "name"), "%q is not a name: 1..63 lowercase letters, digits and '-', starting and ending with a letter or digit", l.Name)
-		case dup:
-			el.add(field(p, "name"), "%q is already the name of limits[%d]", l.Name, j)
-		default:
-			names[l.Name] = i
-		}
+		el.uniqueName("limits", i, l.Name, names)
 		el = append(el, l.RateLimitSpec.validate(p, true)...)
 	}
 	el = append(el, c.validateProtect()...)
@@ -320,6 +311,22 @@ func isService(s string) bool {
 
 // errorList collects FieldErrors in the order the rules are checked.
 type errorList []error
+
+// uniqueName checks the name of list[i]: required, a DNS label, not the
+// name of an earlier entry (seen maps names to their index).
+func (l *errorList) uniqueName(list string, i int, name string, seen map[string]int) {
+	at := field(index(list, i), "name")
+	switch j, dup := seen[name]; {
+	case name == "":
+		l.add(at, "required: 1..63 lowercase letters, digits and '-'")
+	case !isDNSLabel(name):
+		l.add(at, "%q is not a name: 1..63 lowercase letters, digits and '-', starting and ending with a letter or digit", name)
+	case dup:
+		l.add(at, "%q is already the name of %s[%d]", name, list, j)
+	default:
+		seen[name] = i
+	}
+}
 
 func (l *errorList) add(field, format string, args ...any) {
 	*l = append(*l, &FieldError{Field: field, Detail: fmt.Sprintf(format, args...)})

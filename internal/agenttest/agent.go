@@ -33,26 +33,8 @@ type Agent struct {
 // prints the agent's output.
 func StartAgent(tb testing.TB, ns *nettest.NS, bin string, args ...string) *Agent {
 	tb.Helper()
-	a := &Agent{tb: tb, exited: make(chan struct{})}
-	a.cmd = exec.Command(bin, append([]string{"run"}, args...)...)
-	a.cmd.Stdout, a.cmd.Stderr = &a.out, &a.out
-	if err := ns.Start(a.cmd); err != nil {
-		tb.Fatal(err)
-	}
-	go func() {
-		a.cmd.Wait()
-		a.state = a.cmd.ProcessState
-		close(a.exited)
-	}()
-	tb.Cleanup(func() {
-		if a.Running() {
-			a.Stop(syscall.SIGTERM, 5*time.Second)
-		}
-		if tb.Failed() {
-			tb.Logf("rlagent run %s (pid %d) output:\n%s", strings.Join(args, " "), a.PID(), a.Log())
-		}
-	})
-	return a
+	cmd := exec.Command(bin, append([]string{"run"}, args...)...)
+	return startCmd(tb, cmd, func() error { return ns.Start(cmd) }, args)
 }
 
 // WaitAttached waits until the agent logs that it attached (or adopted) the
