@@ -11,7 +11,6 @@ import (
 	"sync"
 
 	"github.com/rlagent/rlagent/api/v1alpha1"
-	"github.com/rlagent/rlagent/bpf"
 	"github.com/rlagent/rlagent/maps"
 )
 
@@ -130,24 +129,8 @@ func (m *limitMatch) matchesPort(c int, p uint16) bool {
 	return false
 }
 
-// prefixCapacity is the size of the data path's prefix tables, from the BPF
-// object's map specs (no kernel needed): source and destination, IPv4 and
-// IPv6.
-var prefixCapacity = sync.OnceValues(func() (map[string]uint32, error) {
-	spec, err := bpf.LoadRatelimit()
-	if err != nil {
-		return nil, err
-	}
-	out := make(map[string]uint32)
-	for _, name := range []string{bpf.RatelimitMapRlSrc4, bpf.RatelimitMapRlSrc6, bpf.RatelimitMapRlDst4, bpf.RatelimitMapRlDst6} {
-		ms, ok := spec.Maps[name]
-		if !ok {
-			return nil, fmt.Errorf("no map %s in the data path", name)
-		}
-		out[name] = ms.MaxEntries
-	}
-	return out, nil
-})
+// prefixCapacity is the size of the data path's prefix tables (read once).
+var prefixCapacity = sync.OnceValues(maps.PrefixTables)
 
 // checkPrefixTables checks that the distinct prefixes of all limits fit the
 // prefix tables: each distinct prefix of a side and family takes one entry.
@@ -160,10 +143,10 @@ func checkPrefixTables(ms []limitMatch) []error {
 	for _, side := range []struct {
 		name, field string
 		list        func(*limitMatch) []netip.Prefix
-		map4, map6  string
+		max4, max6  uint32
 	}{
-		{"source", "srcCIDRs", func(m *limitMatch) []netip.Prefix { return m.src }, bpf.RatelimitMapRlSrc4, bpf.RatelimitMapRlSrc6},
-		{"destination", "dstCIDRs", func(m *limitMatch) []netip.Prefix { return m.dst }, bpf.RatelimitMapRlDst4, bpf.RatelimitMapRlDst6},
+		{"source", "srcCIDRs", func(m *limitMatch) []netip.Prefix { return m.src }, capacity.Src4, capacity.Src6},
+		{"destination", "dstCIDRs", func(m *limitMatch) []netip.Prefix { return m.dst }, capacity.Dst4, capacity.Dst6},
 	} {
 		distinct := make(map[netip.Prefix]bool)
 		for i := range ms {
@@ -182,7 +165,7 @@ func checkPrefixTables(ms []limitMatch) []error {
 		for _, f := range []struct {
 			family string
 			n, max uint32
-		}{{"IPv4", n4, capacity[side.map4]}, {"IPv6", n6, capacity[side.map6]}} {
+		}{{"IPv4", n4, side.max4}, {"IPv6", n6, side.max6}} {
 			if f.n > f.max {
 				errs = append(errs, &v1alpha1.FieldError{Field: "limits[*].match." + side.field,
 					Detail: fmt.Sprintf("%d distinct %s %s prefixes over all limits: the data path holds at most %d", f.n, f.family, side.name, f.max)})

@@ -66,7 +66,7 @@ func TestValidateConfigPrefixTables(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	max4 := int(capacity["rl_src4"])
+	max4 := int(capacity.Src4)
 	cidrs := func(n, offset int) string {
 		var s []string
 		for i := range n {

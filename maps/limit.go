@@ -218,3 +218,28 @@ func chunk(rate, burst uint64, ncpu int) uint64 {
 	}
 	return max(c, 1)
 }
+
+// PrefixCapacity is how many prefixes each prefix table of the data path
+// holds, per side and family.
+type PrefixCapacity struct {
+	Src4, Src6, Dst4, Dst6 uint32
+}
+
+// PrefixTables reads the prefix tables' sizes from the data path's object,
+// without a kernel (for checks such as `rlagent validate`).
+func PrefixTables() (PrefixCapacity, error) {
+	spec, err := bpf.LoadRatelimit()
+	if err != nil {
+		return PrefixCapacity{}, fmt.Errorf("read data path ELF: %w", err)
+	}
+	size := func(name string) uint32 {
+		if ms, ok := spec.Maps[name]; ok {
+			return ms.MaxEntries
+		}
+		return 0
+	}
+	return PrefixCapacity{
+		Src4: size(bpf.RatelimitMapRlSrc4), Src6: size(bpf.RatelimitMapRlSrc6),
+		Dst4: size(bpf.RatelimitMapRlDst4), Dst6: size(bpf.RatelimitMapRlDst6),
+	}, nil
+}
