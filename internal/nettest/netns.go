@@ -212,3 +212,18 @@ func MaybeExec() {
 	err := syscall.Exec(os.Args[1], os.Args[1:], env)
 	fail(fmt.Errorf("exec %s: %w", os.Args[1], err))
 }
+
+// link opens a netlink handle in ns and finds ifname in it. The caller
+// closes the handle.
+func (ns *NS) link(ifname string) (*netlink.Handle, netlink.Link, error) {
+	nl, err := ns.Netlink()
+	if err != nil {
+		return nil, nil, err
+	}
+	l, err := nl.LinkByName(ifname)
+	if err != nil {
+		nl.Close()
+		return nil, nil, fmt.Errorf("%s in %s: %w", ifname, ns.Name, err)
+	}
+	return nl, l, nil
+}

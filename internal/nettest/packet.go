@@ -105,15 +105,11 @@ func htons(v uint16) uint16 { return v<<8 | v>>8 }
 
 // MAC is the hardware address of ifname in the namespace.
 func (ns *NS) MAC(ifname string) (net.HardwareAddr, error) {
-	nl, err := ns.Netlink()
+	nl, l, err := ns.link(ifname)
 	if err != nil {
 		return nil, err
 	}
 	defer nl.Close()
-	l, err := nl.LinkByName(ifname)
-	if err != nil {
-		return nil, fmt.Errorf("%s in %s: %w", ifname, ns.Name, err)
-	}
 	return l.Attrs().HardwareAddr, nil
 }
 
@@ -121,15 +117,11 @@ func (ns *NS) MAC(ifname string) (net.HardwareAddr, error) {
 // It lets the namespace answer an address no interface holds (a spoofed
 // source) without neighbor discovery.
 func (ns *NS) AddNeighbor(ifname string, addr netip.Addr, mac net.HardwareAddr) error {
-	nl, err := ns.Netlink()
+	nl, l, err := ns.link(ifname)
 	if err != nil {
 		return err
 	}
 	defer nl.Close()
-	l, err := nl.LinkByName(ifname)
-	if err != nil {
-		return fmt.Errorf("%s in %s: %w", ifname, ns.Name, err)
-	}
 	family := unix.AF_INET6
 	if addr.Is4() {
 		family = unix.AF_INET

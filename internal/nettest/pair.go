@@ -169,15 +169,11 @@ func MustPair(tb testing.TB, cfg PairConfig) *Pair {
 
 // setUp gives the interface its addresses and sets it up.
 func setUp(ns *NS, ifname string, addrs ...netip.Prefix) error {
-	nl, err := ns.Netlink()
+	nl, l, err := ns.link(ifname)
 	if err != nil {
 		return err
 	}
 	defer nl.Close()
-	l, err := nl.LinkByName(ifname)
-	if err != nil {
-		return fmt.Errorf("%s in %s: %w", ifname, ns.Name, err)
-	}
 	for _, a := range addrs {
 		addr := &netlink.Addr{IPNet: &net.IPNet{IP: a.Addr().AsSlice(), Mask: net.CIDRMask(a.Bits(), a.Addr().BitLen())}}
 		if a.Addr().Is6() {
