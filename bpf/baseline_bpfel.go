@@ -16,6 +16,7 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	BaselineProgTcBaseline      = "tc_baseline"
 	BaselineProgXdpBaseline     = "xdp_baseline"
 	BaselineVarBaselineDropPort = "baseline_drop_port"
 )
@@ -62,6 +63,7 @@ type BaselineSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type BaselineProgramSpecs struct {
+	TcBaseline  *ebpf.ProgramSpec `ebpf:"tc_baseline"`
 	XdpBaseline *ebpf.ProgramSpec `ebpf:"xdp_baseline"`
 }
 
@@ -115,11 +117,13 @@ type BaselineVariables struct {
 //
 // It can be passed to LoadBaselineObjects or ebpf.CollectionSpec.LoadAndAssign.
 type BaselinePrograms struct {
+	TcBaseline  *ebpf.Program `ebpf:"tc_baseline"`
 	XdpBaseline *ebpf.Program `ebpf:"xdp_baseline"`
 }
 
 func (p *BaselinePrograms) Close() error {
 	return _BaselineClose(
+		p.TcBaseline,
 		p.XdpBaseline,
 	)
 }

@@ -170,6 +170,12 @@ func threadCPU() (time.Duration, error) {
 // an error rather than failing tb so that goroutines other than the
 // benchmark's can use it.
 func runNs(prog *ebpf.Program, pkt []byte, n int, want int) (float64, error) {
+	return runCtxNs(prog, pkt, nil, n, want)
+}
+
+// runCtxNs is runNs with a context for the program (a TC program's
+// __sk_buff; nil: none).
+func runCtxNs(prog *ebpf.Program, pkt, ctx []byte, n int, want int) (float64, error) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	n = max(n, 1)
@@ -179,7 +185,11 @@ func runNs(prog *ebpf.Program, pkt []byte, n int, want int) (float64, error) {
 	}
 	for left := n; left > 0; {
 		rep := min(left, maxRepeat)
-		ret, err := prog.Run(&ebpf.RunOptions{Data: pkt, Repeat: uint32(rep)})
+		opts := &ebpf.RunOptions{Data: pkt, Repeat: uint32(rep)}
+		if ctx != nil {
+			opts.Context = ctx
+		}
+		ret, err := prog.Run(opts)
 		if err != nil {
 			return 0, fmt.Errorf("run %v x%d: %w", prog, rep, err)
 		}
@@ -585,4 +595,130 @@ func BenchmarkRateAllow(b *testing.B) {
 	b.StopTimer()
 	b.ReportMetric(median(ns), "ns/packet")
 	b.ReportMetric(median(ratio), "x-baseline")
+}
+
+// The TC programs (issue 9). Each case runs one TC program on one skb and
+// reports its ns/packet, x-baseline (over tc_baseline, which parses as the
+// TC programs do, with their skb parse and wire-length arithmetic, and
+// passes, on the same skb in the same rounds) and x-xdp (over xdp_ratelimit
+// with the same limit on the same frame in the same rounds: what the skb
+// costs over the XDP frame). The four TC programs are the same code but
+// for their hook constant; ingress and egress here are tc_uplink_in and
+// tc_uplink_out.
+
+func loadTCBaseline(tb testing.TB) *ebpf.Program {
+	tb.Helper()
+	testenv.RequireRoot(tb)
+	var objs bpf.BaselineObjects
+	if err := bpf.LoadBaselineObjects(&objs, nil); err != nil {
+		tb.Fatalf("load baseline: %v", err)
+	}
+	tb.Cleanup(func() { objs.Close() })
+	return objs.TcBaseline
+}
+
+// BenchmarkTCBaseline is the TC parse-only program alone, on the UDP packet
+// of every case: what the TC cases' x-baseline divides by.
+func BenchmarkTCBaseline(b *testing.B) {
+	base := loadTCBaseline(b)
+	pkt := benchPacket()
+	mustRunNs(b, base, pkt, 1<<16, tcNext)
+	b.ResetTimer()
+	ns := make([]float64, rounds)
+	for r := range ns {
+		ns[r] = mustRunNs(b, base, pkt, perRound(b), tcNext)
+	}
+	b.ReportMetric(median(ns), "ns/packet")
+}
+
+// tcCase is one case of BenchmarkTC.
+type tcCase struct {
+	name  string
+	hook  maps.Hook // the program's, and the limit's
+	frame []byte
+	gso   [2]uint32 // gso_segs, gso_size of the skb; zero: not GSO
+	limit maps.Limit
+	segs  uint64 // what one skb costs the limit
+}
+
+func BenchmarkTC(b *testing.B) {
+	base := loadTCBaseline(b)
+	tcpHigh := highLimit
+	tcpHigh.Match = maps.Match{Protocol: maps.TCP, DstPorts: []maps.PortRange{{First: 80, Last: 80}}}
+	// A TSO/GRO skb of two full segments (test_run takes at most a page).
+	gso := pkt{src: "10.0.0.1", dst: "10.0.0.2", proto: protoTCP, sport: 40000, dport: 80, payload: 2 * 1448}.bytes()
+	cases := []tcCase{
+		{name: "ingress-limits=1", hook: maps.UplinkIn, frame: benchPacket(), limit: highLimit, segs: 1},
+		{name: "egress-limits=1", hook: maps.UplinkOut, frame: benchPacket(), limit: highLimit, segs: 1},
+		{name: "egress-overload=1", hook: maps.UplinkOut, frame: benchPacket(), limit: overloadLimit, segs: 1},
+		{name: "egress-gso", hook: maps.UplinkOut, frame: gso, gso: [2]uint32{2, 1448}, limit: tcpHigh, segs: 2},
+	}
+	for _, c := range cases {
+		b.Run(c.name, func(b *testing.B) { benchTC(b, base, c) })
+	}
+}
+
+func benchTC(b *testing.B, base *ebpf.Program, c tcCase) {
+	d := newDatapath(b, maps.Options{})
+	l := c.limit
+	l.Match.Attach, l.Match.Direction = c.hook.Attach(), c.hook.Direction()
+	mustSet(b, d, 0, l)
+	// The XDP program on the same limit, at its hook, in a Datapath of its
+	// own: each bucket sees one program's packets.
+	dx := newDatapath(b, maps.Options{XDPOnly: true})
+	mustSet(b, dx, 0, c.limit)
+	prog, xdp := d.TCProgram(c.hook), dx.Program()
+	holdInDispatcher(b, xdp)
+	var ctx []byte
+	if c.gso != [2]uint32{} {
+		ctx = skbCtx(b, map[string]uint32{"gso_segs": c.gso[0], "gso_size": c.gso[1]})
+	}
+	verdict, xverdict := int(tcNext), xdpPass
+	if c.limit.Rate < 1e6 {
+		verdict, xverdict = -1, -1 // overload: mostly drops, a few pass
+	}
+	warm := 1 << 16
+	mustRunCtxNs(b, prog, c.frame, ctx, warm, verdict)
+	mustRunCtxNs(b, base, c.frame, ctx, warm, tcNext)
+	mustRunNs(b, xdp, c.frame, warm, xverdict)
+	b.ResetTimer()
+
+	n := perRound(b)
+	ns := make([]float64, rounds)
+	ratio := make([]float64, rounds)
+	vsXDP := make([]float64, rounds)
+	for r := range rounds {
+		bns := mustRunCtxNs(b, base, c.frame, ctx, n, tcNext)
+		cns := mustRunCtxNs(b, prog, c.frame, ctx, n, verdict)
+		xns := mustRunNs(b, xdp, c.frame, n, xverdict)
+		ns[r], ratio[r], vsXDP[r] = cns, cns/bns, cns/xns
+	}
+	b.StopTimer()
+	b.ReportMetric(median(ns), "ns/packet")
+	b.ReportMetric(median(ratio), "x-baseline")
+	b.ReportMetric(median(vsXDP), "x-xdp")
+
+	// The case measured the path it claims to: every skb charged its
+	// segments, the pass path dropping nothing, the drop path admitting
+	// almost nothing.
+	s := mustStats(b, d, 0)
+	wire := uint64(len(c.frame)) + (c.segs-1)*(14+20+20)
+	switch {
+	case (s.AdmittedPackets+s.DroppedPackets)%c.segs != 0 ||
+		s.AdmittedBytes != s.AdmittedPackets/c.segs*wire:
+		b.Fatalf("skbs not charged %d segments of %d wire bytes each: %+v", c.segs, wire, s)
+	case verdict >= 0 && s.DroppedPackets != 0:
+		b.Fatalf("pass path dropped %d packets: %+v", s.DroppedPackets, s)
+	case verdict < 0 && s.DroppedPackets < 99*s.AdmittedPackets:
+		b.Fatalf("drop path admitted %d of %d packets", s.AdmittedPackets, s.AdmittedPackets+s.DroppedPackets)
+	}
+}
+
+func mustRunCtxNs(tb testing.TB, prog *ebpf.Program, pkt, ctx []byte, n int, want int) float64 {
+	tb.Helper()
+	ns, err := runCtxNs(prog, pkt, ctx, n, want)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return ns
 }

@@ -11,7 +11,8 @@ import (
 // rl_frags for its datagram's later fragments (frag.h), so that every
 // fragment is charged to the limits its datagram matches, each its own frame
 // length for a byte limit and 1 for a packet limit. Every datagram here has a
-// fragment id of its own: the table is shared by the whole Datapath.
+// fragment id of its own: the table is shared by the whole Datapath. Every
+// test runs through every program (issue 9: the TC ones too).
 
 // Fragmented UDP against a byte limit on its port: the bytes that pass, over
 // first and later fragments, stay within the limit (burst + rate x T), and
@@ -58,43 +59,46 @@ func TestFragmentedByteLimit(t *testing.T) {
 		{"ipv6 8 KB datagrams", mk(u6, 8000, 3000)},
 		{"ipv6 64 KB datagrams", mk(u6, 65000, 4000)},
 	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			defer pinCPU(t, 0)()
-			d := testDatapath(t)
-			mustSet(t, d, 0, limit)
-			step := uint64(seconds*1e9) / uint64(len(tc.s.frames))
-			setClock(t, d, 1e9, step)
-			before := globals(t, d)
-			var passed uint64
-			for _, f := range tc.s.frames {
-				if mustRun(t, d.Program(), f) == xdpPass {
-					passed += uint64(len(f))
+	d := hookDatapath(t)
+	forEachProg(t, allProgs, func(t *testing.T, pr prog) {
+		for _, tc := range cases {
+			t.Run(tc.name, func(t *testing.T) {
+				defer pinCPU(t, 0)()
+				fresh(t, d, 0, pr.at(limit))
+				step := uint64(seconds*1e9) / uint64(len(tc.s.frames))
+				setClock(t, d, 1e9, step)
+				before := globals(t, d)
+				var passed uint64
+				for _, f := range tc.s.frames {
+					if pr.run(t, d, f) == xdpPass {
+						passed += uint64(len(f))
+					}
 				}
-			}
-			elapsed := step * uint64(len(tc.s.frames))
-			want := burst + rate*elapsed/1e9
-			t.Logf("%d datagrams, %d fragments, %d bytes offered in %.2f s: %d bytes passed (%.2fx the limit's %d)",
-				tc.s.dgrams, len(tc.s.frames), tc.s.bytes, float64(elapsed)/1e9, passed, float64(passed)/float64(want), want)
-			// Never above the exact figure. Below it by less than two
-			// frames: whole frames only, and a CPU whose pool was short
-			// asks again once the frame's cost has accrued (bucket.h), so
-			// up to a frame's worth sits in the pool at the end.
-			const maxFrame = 14 + 40 + 8 + fragData
-			if passed > want || want-passed > 2*maxFrame {
-				t.Errorf("%d bytes passed, want %d less at most two frames (%d)", passed, want, 2*maxFrame)
-			}
-			st := mustStats(t, d, 0)
-			if st.AdmittedBytes != passed || st.AdmittedBytes+st.DroppedBytes != tc.s.bytes ||
-				st.AdmittedPackets+st.DroppedPackets != uint64(len(tc.s.frames)) {
-				t.Errorf("limit counted %d+%d bytes in %d+%d packets; %d bytes passed of %d in %d frames: every fragment is charged its own length",
-					st.AdmittedBytes, st.DroppedBytes, st.AdmittedPackets, st.DroppedPackets, passed, tc.s.bytes, len(tc.s.frames))
-			}
-			if g := globals(t, d).minus(before); g != (gstats{fragFirst: uint64(tc.s.dgrams)}) {
-				t.Errorf("global counters moved by %+v, want %d first fragments and nothing else", g, tc.s.dgrams)
-			}
-		})
-	}
+				elapsed := step * uint64(len(tc.s.frames))
+				want := burst + rate*elapsed/1e9
+				t.Logf("%d datagrams, %d fragments, %d bytes offered in %.2f s: %d bytes passed (%.2fx the limit's %d)",
+					tc.s.dgrams, len(tc.s.frames), tc.s.bytes, float64(elapsed)/1e9, passed, float64(passed)/float64(want), want)
+				// Never above the exact figure. Below it by less than two
+				// frames: whole frames only, and a CPU whose pool was
+				// short asks again once the frame's cost has accrued
+				// (bucket.h), so up to a frame's worth sits in the pool at
+				// the end.
+				const maxFrame = 14 + 40 + 8 + fragData
+				if passed > want || want-passed > 2*maxFrame {
+					t.Errorf("%d bytes passed, want %d less at most two frames (%d)", passed, want, 2*maxFrame)
+				}
+				st := mustStats(t, d, 0)
+				if st.AdmittedBytes != passed || st.AdmittedBytes+st.DroppedBytes != tc.s.bytes ||
+					st.AdmittedPackets+st.DroppedPackets != uint64(len(tc.s.frames)) {
+					t.Errorf("limit counted %d+%d bytes in %d+%d packets; %d bytes passed of %d in %d frames: every fragment is charged its own length",
+						st.AdmittedBytes, st.DroppedBytes, st.AdmittedPackets, st.DroppedPackets, passed, tc.s.bytes, len(tc.s.frames))
+				}
+				if g := globals(t, d).minus(before); g != (gstats{fragFirst: uint64(tc.s.dgrams)}) {
+					t.Errorf("global counters moved by %+v, want %d first fragments and nothing else", g, tc.s.dgrams)
+				}
+			})
+		}
+	})
 	t.Run("reference 1acc742", func(t *testing.T) {
 		ref := reference(t, limit)
 		for _, tc := range cases {
@@ -123,30 +127,32 @@ func TestFragmentedByteLimit(t *testing.T) {
 // later one).
 func TestFragmentedPacketLimit(t *testing.T) {
 	defer pinCPU(t, 0)()
-	d := testDatapath(t)
-	mustSet(t, d, 0, maps.Limit{Rate: 1, Burst: 30, Match: maps.Match{Protocol: maps.UDP, DstPorts: ports(5000, 5000)}})
-	passed, sent := 0, 0
-	for i := range 10 {
-		p := pkt{src: src4, dst: dst4, proto: protoUDP, sport: 1, dport: 5000, payload: 8000, fragID: 5000 + uint32(i)}
-		for _, f := range p.frags(1480) {
-			sent++
-			if mustRun(t, d.Program(), f) == xdpPass {
-				passed++
+	d := hookDatapath(t)
+	forEachProg(t, allProgs, func(t *testing.T, pr prog) {
+		fresh(t, d, 0, pr.at(maps.Limit{Rate: 1, Burst: 30, Match: maps.Match{Protocol: maps.UDP, DstPorts: ports(5000, 5000)}}))
+		passed, sent := 0, 0
+		for i := range 10 {
+			p := pkt{src: src4, dst: dst4, proto: protoUDP, sport: 1, dport: 5000, payload: 8000, fragID: 5000 + uint32(i)}
+			for _, f := range p.frags(1480) {
+				sent++
+				if pr.run(t, d, f) == xdpPass {
+					passed++
+				}
 			}
 		}
-	}
-	if passed != 30 {
-		t.Errorf("%d of %d fragments passed a 30-packet burst, want 30", passed, sent)
-	}
-	if st := mustStats(t, d, 0); st.AdmittedPackets != 30 || st.DroppedPackets != uint64(sent-30) {
-		t.Errorf("limit counted %d admitted, %d dropped; want 30 and %d", st.AdmittedPackets, st.DroppedPackets, sent-30)
-	}
+		if passed != 30 {
+			t.Errorf("%d of %d fragments passed a 30-packet burst, want 30", passed, sent)
+		}
+		if st := mustStats(t, d, 0); st.AdmittedPackets != 30 || st.DroppedPackets != uint64(sent-30) {
+			t.Errorf("limit counted %d admitted, %d dropped; want 30 and %d", st.AdmittedPackets, st.DroppedPackets, sent-30)
+		}
+	})
 }
 
 // The fragment table, fragment by fragment, against rate-0 probe limits:
 // which limits count each fragment tells what the data path made of it.
 func TestFragmentTable(t *testing.T) {
-	d := testDatapath(t)
+	d := hookDatapath(t)
 	const (
 		l53   uint32 = iota // UDP/53
 		l54                 // UDP/54
@@ -156,7 +162,7 @@ func TestFragmentTable(t *testing.T) {
 		lSrc                // anything from 10.0.0.0/8 or 2001:db8::/32
 		lICMP               // ICMP
 	)
-	install(t, d, map[uint32]maps.Limit{
+	limits := map[uint32]maps.Limit{
 		l53:   empty(maps.Match{Protocol: maps.UDP, DstPorts: ports(53, 53)}),
 		l54:   empty(maps.Match{Protocol: maps.UDP, DstPorts: ports(54, 54)}),
 		lT80:  empty(maps.Match{Protocol: maps.TCP, DstPorts: ports(80, 80)}),
@@ -164,7 +170,7 @@ func TestFragmentTable(t *testing.T) {
 		lAny:  empty(maps.Match{}),
 		lSrc:  empty(maps.Match{SrcCIDRs: prefixes("10.0.0.0/8", "2001:db8::/32")}),
 		lICMP: empty(maps.Match{Protocol: maps.ICMP}),
-	})
+	}
 	// What a whole datagram of each kind hits, and one whose ports are
 	// unknown (every limit of its protocol).
 	var (
@@ -297,22 +303,26 @@ func TestFragmentTable(t *testing.T) {
 		{unk, allLimit, gFirstL4U}, {later, allLimit, gL4U},
 	}})
 
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			for i, s := range tt.steps {
-				before := snapshot(t, d)
-				want := uint32(xdpPass)
-				if len(s.hit) > 0 {
-					want = xdpDrop
+	forEachProg(t, allProgs, func(t *testing.T, pr prog) {
+		install(t, d, pr.atAll(limits))
+		clearMap(t, fragTable(t, d))
+		for _, tt := range tests {
+			t.Run(tt.name, func(t *testing.T) {
+				for i, s := range tt.steps {
+					before := snapshot(t, d)
+					want := uint32(xdpPass)
+					if len(s.hit) > 0 {
+						want = xdpDrop
+					}
+					if got := pr.run(t, d, s.frame); got != want {
+						t.Errorf("fragment %d: verdict %d, want %d", i, got, want)
+					}
+					checkDropped(t, before, snapshot(t, d), s.hit, len(s.frame), s.g)
+					if t.Failed() {
+						t.Fatalf("at fragment %d of %d", i, len(tt.steps))
+					}
 				}
-				if got := mustRun(t, d.Program(), s.frame); got != want {
-					t.Errorf("fragment %d: verdict %d, want %d", i, got, want)
-				}
-				checkDropped(t, before, snapshot(t, d), s.hit, len(s.frame), s.g)
-				if t.Failed() {
-					t.Fatalf("at fragment %d of %d", i, len(tt.steps))
-				}
-			}
-		})
-	}
+			})
+		}
+	})
 }

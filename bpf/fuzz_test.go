@@ -7,13 +7,14 @@ import (
 	"strconv"
 	"testing"
 
-	"github.com/cilium/ebpf"
-
 	"github.com/rlagent/rlagent/maps"
 )
 
-// FuzzParse runs the data path on arbitrary frames. Beyond "no error, pass or
-// drop", it checks the verdict and every counter against refModel, a model of
+// FuzzParse runs the data path on arbitrary frames, through the XDP program
+// and through tc_uplink_in, which enforce the same limits (the uplink-in
+// hook; the other TC programs differ from it by that constant only). Beyond
+// "no error, pass or drop", it checks the verdict and every counter against
+// refModel, a model of
 // bpf/include/parse.h, frag.h and the classifier written from their comments
 // (the NOTE of parse.h is the spec): a frame the model does not parse moves
 // no counter, and a parsed one moves exactly the counters of the limits the
@@ -46,7 +47,7 @@ func FuzzParse(f *testing.F) {
 		f.Add(b)
 	}
 
-	d := testDatapath(f)
+	d := hookDatapath(f)
 	install(f, d, fuzzLimits)
 	frags := fragTable(f, d)
 
@@ -59,8 +60,13 @@ func FuzzParse(f *testing.F) {
 		if len(frame) < 14 || len(frame) > 1500 {
 			t.Skip()
 		}
-		clearMap(t, frags)
-		checkModel(t, d, newRefModel(), frame)
+		for _, p := range fuzzProgs {
+			if !p.runnable(frame) {
+				continue
+			}
+			clearMap(t, frags)
+			checkModel(t, d, p, newRefModel(), frame)
+		}
 	})
 }
 
@@ -99,25 +105,29 @@ func FuzzChains(f *testing.F) {
 	f.Add(true, uint8(3), []byte{7, 8, 9, 6, 10}, uint8(3), uint8(1), uint8(0), uint32(11), uint16(0), uint8(0), uint8(0), uint16(0), uint8(30))
 	f.Add(true, uint8(1), []byte{0x12, 0x21, 0x32, 0x03, 0x30}, uint8(4), uint8(1), uint8(0), uint32(12), uint16(0), uint8(0), uint8(0), uint16(53), uint8(50))
 
-	d := testDatapath(f)
+	d := hookDatapath(f)
 	install(f, d, fuzzLimits)
 	frags := fragTable(f, d)
 
 	f.Fuzz(func(t *testing.T, v6 bool, proto uint8, exts []byte, vlans, fragMode, fragSize uint8,
 		id uint32, cut uint16, pad, keep uint8, dport uint16, payload uint8) {
 		c := chainCase(v6, proto, exts, vlans, fragMode, fragSize, id, cut, pad, keep, dport, payload)
-		clearMap(t, frags)
-		m := newRefModel()
-		for i, frame := range c.frames {
-			if len(frame) < 14 {
-				continue
-			}
-			got := checkModel(t, d, m, frame)
-			if c.truth != nil && c.truth[i] != nil {
-				checkTruth(t, *c.truth[i], got, frame)
-			}
-			if t.Failed() {
-				t.Fatalf("packet %d of %d (%s): %x", i+1, len(c.frames), c.desc, frame)
+		// The whole train through one program, then through the other,
+		// each from an empty fragment table.
+		for _, p := range fuzzProgs {
+			clearMap(t, frags)
+			m := newRefModel()
+			for i, frame := range c.frames {
+				if !p.runnable(frame) {
+					continue
+				}
+				got := checkModel(t, d, p, m, frame)
+				if c.truth != nil && c.truth[i] != nil {
+					checkTruth(t, *c.truth[i], got, frame)
+				}
+				if t.Failed() {
+					t.Fatalf("%s, packet %d of %d (%s): %x", p.name, i+1, len(c.frames), c.desc, frame)
+				}
 			}
 		}
 	})
@@ -282,9 +292,13 @@ func chainCase(v6 bool, proto uint8, exts []byte, vlans, fragMode, fragSize uint
 	return c
 }
 
-// checkModel runs frame through d, checks the verdict and every counter
-// against m, and returns the model's packet.
-func checkModel(t *testing.T, d *maps.Datapath, m *refModel, frame []byte) refPacket {
+// fuzzProgs are the programs the fuzz targets check: fuzzLimits are at the
+// uplink-in hook, which both enforce.
+var fuzzProgs = []prog{xdpProg, tcProgs[0]}
+
+// checkModel runs frame through program p of d, checks the verdict and every
+// counter against m, and returns the model's packet.
+func checkModel(t *testing.T, d *maps.Datapath, p prog, m *refModel, frame []byte) refPacket {
 	t.Helper()
 	r, wantG := m.packet(frame)
 	var hit []uint32
@@ -299,14 +313,8 @@ func checkModel(t *testing.T, d *maps.Datapath, m *refModel, frame []byte) refPa
 	}
 
 	before := snapshot(t, d)
-	ret, err := d.Program().Run(&ebpf.RunOptions{Data: frame})
-	if err != nil {
-		t.Fatalf("run: %v", err)
-	}
+	ret := p.run(t, d, frame)
 	after := snapshot(t, d)
-	if ret != xdpPass && ret != xdpDrop {
-		t.Fatalf("verdict %d, want pass (2) or drop (1)", ret)
-	}
 	want := uint32(xdpPass)
 	if drop {
 		want = xdpDrop

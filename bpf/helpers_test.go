@@ -30,9 +30,11 @@ func newDatapath(tb testing.TB, opts maps.Options) *maps.Datapath {
 	return d
 }
 
+// testDatapath loads the XDP programs of the data path with the test
+// clock, unpinned (hookDatapath loads the TC programs too).
 func testDatapath(tb testing.TB) *maps.Datapath {
 	tb.Helper()
-	d := newDatapath(tb, maps.Options{Clock: maps.ClockTest})
+	d := newDatapath(tb, maps.Options{Clock: maps.ClockTest, XDPOnly: true})
 	setClock(tb, d, 1e9, 0)
 	return d
 }
@@ -109,6 +111,7 @@ type pkt struct {
 	sport    uint16
 	dport    uint16
 	tcpFlags uint8 // TCP flags; 0 means ACK
+	tcpOpts  int   // TCP options, bytes (multiple of 4)
 	ipOpts   int   // IPv4 options, bytes (multiple of 4)
 	// IPv6 extension headers, in order, of any type number: 44 is a
 	// fragment header (8 bytes, carrying fragOff, mf and fragID), 51 is AH
@@ -139,10 +142,13 @@ func (p pkt) l4() []byte {
 	var l4 []byte
 	switch p.proto {
 	case protoTCP:
-		l4 = make([]byte, 20)
+		l4 = make([]byte, 20+p.tcpOpts)
 		binary.BigEndian.PutUint16(l4[0:], p.sport)
 		binary.BigEndian.PutUint16(l4[2:], p.dport)
-		l4[12] = 5 << 4
+		l4[12] = byte(5+p.tcpOpts/4) << 4
+		for i := 20; i < len(l4); i++ {
+			l4[i] = 1 // NOP options
+		}
 		l4[13] = 0x10 // ACK
 		if p.tcpFlags != 0 {
 			l4[13] = p.tcpFlags

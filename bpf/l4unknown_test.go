@@ -12,9 +12,10 @@ import (
 
 // Issue 8, items 1, 2 and 4: packets whose transport header the parser
 // could not find passed every limit. Each test here sends what the issue
-// measured, through the data path and, in a subtest, through the reference
-// object of 1acc742 (bpf/testdata), which must still let it through: that
-// subtest shows the test catches the bypass it guards against.
+// measured, through every program of the data path (issue 9: the TC ones
+// too) and, in a subtest, through the reference object of 1acc742
+// (bpf/testdata), which must still let it through: that subtest shows the
+// test catches the bypass it guards against.
 
 // passes sends p n times through prog and counts the passes.
 func passes(tb testing.TB, prog *ebpf.Program, p []byte, n int) int {
@@ -58,27 +59,29 @@ func TestExtHeaderChainLimited(t *testing.T) {
 		step        = 5_000_000 // 5 ms a packet: 1 s in all
 	)
 	want := burst + rate*sent*step/1e9 // 40
-	for _, n := range []int{0, 1, 6, 7, 8, 9, 16} {
-		p := with(udp6p, func(p *pkt) { p.ext = dstOpts(n) }).bytes()
-		t.Run(fmt.Sprintf("%d headers", n), func(t *testing.T) {
-			defer pinCPU(t, 0)()
-			d := testDatapath(t)
-			mustSet(t, d, 0, perSecond(rate, burst))
-			setClock(t, d, 1e9, step)
-			before := globals(t, d)
-			got := passes(t, d.Program(), p, sent)
-			g := globals(t, d).minus(before)
-			t.Logf("%d headers: %d of %d passed a %d/s limit in 1 s (burst %d); l4_unknown %d", n, got, sent, rate, burst, g.l4Unknown)
-			within(t, "passed", uint64(got), uint64(want), 1)
-			wantL4U := uint64(0)
-			if n > refMaxExtHdrs {
-				wantL4U = sent
-			}
-			if g.l4Unknown != wantL4U {
-				t.Errorf("l4_unknown moved by %d, want %d", g.l4Unknown, wantL4U)
-			}
-		})
-	}
+	d := hookDatapath(t)
+	forEachProg(t, allProgs, func(t *testing.T, pr prog) {
+		for _, n := range []int{0, 1, 6, 7, 8, 9, 16} {
+			p := with(udp6p, func(p *pkt) { p.ext = dstOpts(n) }).bytes()
+			t.Run(fmt.Sprintf("%d headers", n), func(t *testing.T) {
+				defer pinCPU(t, 0)()
+				fresh(t, d, 0, pr.at(perSecond(rate, burst)))
+				setClock(t, d, 1e9, step)
+				before := globals(t, d)
+				got := pr.passes(t, d, p, sent)
+				g := globals(t, d).minus(before)
+				t.Logf("%d headers: %d of %d passed a %d/s limit in 1 s (burst %d); l4_unknown %d", n, got, sent, rate, burst, g.l4Unknown)
+				within(t, "passed", uint64(got), uint64(want), 1)
+				wantL4U := uint64(0)
+				if n > refMaxExtHdrs {
+					wantL4U = sent
+				}
+				if g.l4Unknown != wantL4U {
+					t.Errorf("l4_unknown moved by %d, want %d", g.l4Unknown, wantL4U)
+				}
+			})
+		}
+	})
 	t.Run("reference 1acc742", func(t *testing.T) {
 		ref := reference(t, perSecond(rate, burst))
 		for _, n := range []int{7, 8, 9, 16} {
@@ -97,31 +100,33 @@ func TestExtHeaderChainLimited(t *testing.T) {
 // another protocol and port.
 func TestUnwalkedHeadersLimited(t *testing.T) {
 	const sent = 50
-	for _, tc := range []struct {
-		name string
-		ext  []uint8
-	}{
-		{"mobility (135)", []uint8{135}},
-		{"hip (139)", []uint8{139}},
-		{"shim6 (140)", []uint8{140}},
-		{"experimental (253) after hop-by-hop", []uint8{0, 253}},
-		{"experimental (254) after 7 headers", append(dstOpts(7), 254)},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			defer pinCPU(t, 0)()
-			d := testDatapath(t)
-			// A TCP/80 limit: the packet is UDP/53, but nothing says so.
-			mustSet(t, d, 0, maps.Limit{Rate: 1, Burst: 2, Match: maps.Match{Protocol: maps.TCP, DstPorts: ports(80, 80)}})
-			p := with(udp6p, func(p *pkt) { p.ext = tc.ext }).bytes()
-			before := globals(t, d)
-			if got := passes(t, d.Program(), p, sent); got != 2 {
-				t.Errorf("%d of %d passed a TCP/80 limit of burst 2 (clock stopped), want 2", got, sent)
-			}
-			if g := globals(t, d).minus(before); g.l4Unknown != sent {
-				t.Errorf("l4_unknown moved by %d, want %d", g.l4Unknown, sent)
-			}
-		})
-	}
+	d := hookDatapath(t)
+	forEachProg(t, allProgs, func(t *testing.T, pr prog) {
+		for _, tc := range []struct {
+			name string
+			ext  []uint8
+		}{
+			{"mobility (135)", []uint8{135}},
+			{"hip (139)", []uint8{139}},
+			{"shim6 (140)", []uint8{140}},
+			{"experimental (253) after hop-by-hop", []uint8{0, 253}},
+			{"experimental (254) after 7 headers", append(dstOpts(7), 254)},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				defer pinCPU(t, 0)()
+				// A TCP/80 limit: the packet is UDP/53, but nothing says so.
+				fresh(t, d, 0, pr.at(maps.Limit{Rate: 1, Burst: 2, Match: maps.Match{Protocol: maps.TCP, DstPorts: ports(80, 80)}}))
+				p := with(udp6p, func(p *pkt) { p.ext = tc.ext }).bytes()
+				before := globals(t, d)
+				if got := pr.passes(t, d, p, sent); got != 2 {
+					t.Errorf("%d of %d passed a TCP/80 limit of burst 2 (clock stopped), want 2", got, sent)
+				}
+				if g := globals(t, d).minus(before); g.l4Unknown != sent {
+					t.Errorf("l4_unknown moved by %d, want %d", g.l4Unknown, sent)
+				}
+			})
+		}
+	})
 }
 
 // TCP SYNs as tiny first fragments (RFC 1858, 3128, 7112), against a TCP
@@ -170,23 +175,25 @@ func TestTinyFirstFragmentsLimited(t *testing.T) {
 			{"ipv6 first fragment, no tcp byte, after hop-by-hop", first(with(syn6, func(p *pkt) { p.ext = []uint8{0} }), keepNone), tiny, true},
 		}
 	)
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			defer pinCPU(t, 0)()
-			d := testDatapath(t)
-			mustSet(t, d, 0, limit)
-			before := globals(t, d)
-			got := passes(t, d.Program(), tt.pkt.bytes(), sent)
-			g := globals(t, d).minus(before)
-			t.Logf("%d of %d passed; l4_unknown %d, frag_first %d, frag_unseen %d", got, sent, g.l4Unknown, g.fragFirst, g.fragUnseen)
-			if got != 2 {
-				t.Errorf("%d of %d passed a TCP/22 limit of burst 2, want 2", got, sent)
-			}
-			if g != tt.g {
-				t.Errorf("global counters moved by %+v, want %+v", g, tt.g)
-			}
-		})
-	}
+	d := hookDatapath(t)
+	forEachProg(t, allProgs, func(t *testing.T, pr prog) {
+		for _, tt := range tests {
+			t.Run(tt.name, func(t *testing.T) {
+				defer pinCPU(t, 0)()
+				fresh(t, d, 0, pr.at(limit))
+				before := globals(t, d)
+				got := pr.passes(t, d, tt.pkt.bytes(), sent)
+				g := globals(t, d).minus(before)
+				t.Logf("%d of %d passed; l4_unknown %d, frag_first %d, frag_unseen %d", got, sent, g.l4Unknown, g.fragFirst, g.fragUnseen)
+				if got != 2 {
+					t.Errorf("%d of %d passed a TCP/22 limit of burst 2, want 2", got, sent)
+				}
+				if g != tt.g {
+					t.Errorf("global counters moved by %+v, want %+v", g, tt.g)
+				}
+			})
+		}
+	})
 	t.Run("reference 1acc742", func(t *testing.T) {
 		ref := reference(t, limit)
 		for _, tt := range tests {
@@ -208,40 +215,46 @@ func TestTinyFirstFragmentsLimited(t *testing.T) {
 // restricted to CIDRs (the TCP/80 one too), to none that is. Before
 // (issue 8) the parser walked 2 tags and a frame with 3 or more passed every
 // limit.
+//
+// At TC ingress the kernel has moved the outer tag to skb->vlan_tci before
+// the program runs: it then sees one tag fewer in the frame, which is one of
+// the cases here (test_run leaves the frame as given).
 func TestVLANTags(t *testing.T) {
-	d := testDatapath(t)
+	d := hookDatapath(t)
 	limits := map[uint32]maps.Limit{
 		0: empty(maps.Match{Protocol: maps.UDP, DstPorts: ports(53, 53)}),
 		1: empty(maps.Match{Protocol: maps.UDP, DstPorts: ports(53, 53), SrcCIDRs: prefixes("10.0.0.0/8", "2001:db8::/32")}),
 		2: empty(maps.Match{DstCIDRs: prefixes(dst4+"/32", dst6+"/128")}),
 		3: empty(maps.Match{Protocol: maps.TCP, DstPorts: ports(80, 80)}),
 	}
-	install(t, d, limits)
-	for _, base := range []pkt{udp4p, udp6p} {
-		for tags := range 7 {
-			p := base
-			p.vlans = make([]uint16, tags)
-			for i := range p.vlans {
-				p.vlans[i] = uint16(100 + i)
-			}
-			b := p.bytes()
-			hit, g := []uint32{0, 1, 2}, gNone
-			if tags > refMaxVLAN {
-				hit, g = []uint32{0, 3}, gL4U
-			}
-			fam := "ipv4"
-			if base.src == src6 {
-				fam = "ipv6"
-			}
-			t.Run(fmt.Sprintf("%s %d tags", fam, tags), func(t *testing.T) {
-				before := snapshot(t, d)
-				if got := mustRun(t, d.Program(), b); got != xdpDrop {
-					t.Errorf("verdict %d, want drop", got)
+	forEachProg(t, allProgs, func(t *testing.T, pr prog) {
+		install(t, d, pr.atAll(limits))
+		for _, base := range []pkt{udp4p, udp6p} {
+			for tags := range 7 {
+				p := base
+				p.vlans = make([]uint16, tags)
+				for i := range p.vlans {
+					p.vlans[i] = uint16(100 + i)
 				}
-				checkDropped(t, before, snapshot(t, d), hit, len(b), g)
-			})
+				b := p.bytes()
+				hit, g := []uint32{0, 1, 2}, gNone
+				if tags > refMaxVLAN {
+					hit, g = []uint32{0, 3}, gL4U
+				}
+				fam := "ipv4"
+				if base.src == src6 {
+					fam = "ipv6"
+				}
+				t.Run(fmt.Sprintf("%s %d tags", fam, tags), func(t *testing.T) {
+					before := snapshot(t, d)
+					if got := pr.run(t, d, b); got != xdpDrop {
+						t.Errorf("verdict %d, want drop", got)
+					}
+					checkDropped(t, before, snapshot(t, d), hit, len(b), g)
+				})
+			}
 		}
-	}
+	})
 	t.Run("reference 1acc742", func(t *testing.T) {
 		ref := reference(t, limits[0], limits[1], limits[2], limits[3])
 		for _, base := range []pkt{udp4p, udp6p} {

@@ -238,13 +238,14 @@ const (
 	ipv6Ext0 = 54 // first IPv6 extension header of an untagged frame
 )
 
-// TestParse runs one packet of each kind past the probe limits. The
-// fragments each have an id of their own, and none has its first fragment
-// seen: the fragment table is shared by the whole Datapath (frag_test.go
-// sends whole datagrams).
+// TestParse runs one packet of each kind past the probe limits, through
+// every program (the TC programs see an skb: test_run does not move a VLAN
+// tag to skb->vlan_tci as the kernel's receive path does, so the tags are
+// in the frame here; the parser reads the frame's own). The fragments each
+// have an id of their own, and none has its first fragment seen
+// (frag_test.go sends whole datagrams).
 func TestParse(t *testing.T) {
-	d := testDatapath(t)
-	install(t, d, probeLimits())
+	d := hookDatapath(t)
 
 	type tc struct {
 		name    string
@@ -405,15 +406,22 @@ func TestParse(t *testing.T) {
 		})
 	}
 
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			before := snapshot(t, d)
-			if got := mustRun(t, d.Program(), tt.packet); got != tt.verdict {
-				t.Errorf("verdict %d, want %d", got, tt.verdict)
-			}
-			checkDropped(t, before, snapshot(t, d), tt.hit, len(tt.packet), tt.g)
-		})
-	}
+	forEachProg(t, allProgs, func(t *testing.T, p prog) {
+		install(t, d, p.atAll(probeLimits()))
+		clearMap(t, fragTable(t, d))
+		for _, tt := range tests {
+			t.Run(tt.name, func(t *testing.T) {
+				if !p.runnable(tt.packet) {
+					t.Skipf("test_run takes no such skb (TestParseTruncated checks the EINVAL)")
+				}
+				before := snapshot(t, d)
+				if got := p.run(t, d, tt.packet); got != tt.verdict {
+					t.Errorf("verdict %d, want %d", got, tt.verdict)
+				}
+				checkDropped(t, before, snapshot(t, d), tt.hit, len(tt.packet), tt.g)
+			})
+		}
+	})
 }
 
 // ipv6HopByHop8 is p with a hop-by-hop header of hdrlen 0 (8 bytes), built
@@ -427,8 +435,9 @@ func ipv6HopByHop8(p pkt) []byte {
 	return out
 }
 
+// TestParseMatch runs packets past sets of limits, through every program.
 func TestParseMatch(t *testing.T) {
-	d := testDatapath(t)
+	d := hookDatapath(t)
 
 	type packet struct {
 		name   string
@@ -520,7 +529,8 @@ func TestParseMatch(t *testing.T) {
 				3: empty(maps.Match{Protocol: maps.ICMP}),
 				// Ports with any protocol: TCP and UDP on those ports.
 				4: empty(maps.Match{Protocol: maps.AnyProtocol, DstPorts: ports(80, 80)}),
-				// Egress limits are not enforced by the XDP (ingress) program.
+				// A limit at another hook is not enforced by the
+				// program (prog.at keeps it at another hook).
 				5: empty(maps.Match{Direction: maps.Egress}),
 			},
 			packets: []packet{
@@ -690,24 +700,27 @@ func TestParseMatch(t *testing.T) {
 			},
 		},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			install(t, d, tt.limits)
-			for _, p := range tt.packets {
-				t.Run(p.name, func(t *testing.T) {
-					want := uint32(xdpPass)
-					if len(p.hit) > 0 {
-						want = xdpDrop
-					}
-					before := snapshot(t, d)
-					if got := mustRun(t, d.Program(), p.packet); got != want {
-						t.Errorf("verdict %d, want %d", got, want)
-					}
-					checkDropped(t, before, snapshot(t, d), p.hit, len(p.packet), p.g)
-				})
-			}
-		})
-	}
+	forEachProg(t, allProgs, func(t *testing.T, pr prog) {
+		clearMap(t, fragTable(t, d))
+		for _, tt := range tests {
+			t.Run(tt.name, func(t *testing.T) {
+				install(t, d, pr.atAll(tt.limits))
+				for _, p := range tt.packets {
+					t.Run(p.name, func(t *testing.T) {
+						want := uint32(xdpPass)
+						if len(p.hit) > 0 {
+							want = xdpDrop
+						}
+						before := snapshot(t, d)
+						if got := pr.run(t, d, p.packet); got != want {
+							t.Errorf("verdict %d, want %d", got, want)
+						}
+						checkDropped(t, before, snapshot(t, d), p.hit, len(p.packet), p.g)
+					})
+				}
+			})
+		}
+	})
 }
 
 // TestParseTruncated cuts packets at every length. A packet cut inside a
@@ -717,9 +730,11 @@ func TestParseMatch(t *testing.T) {
 // an ICMP header is not needed; cut in its payload, it is parsed whole.
 // Before (issue 8), a packet cut inside its extension headers or its
 // transport header passed untouched.
+//
+// Through every program: an skb cut short is the same cut to the TC
+// programs (test_run builds a linear skb of the bytes given).
 func TestParseTruncated(t *testing.T) {
-	d := testDatapath(t)
-	install(t, d, probeLimits())
+	d := hookDatapath(t)
 
 	const payload = 6
 	tests := []struct {
@@ -742,44 +757,50 @@ func TestParseTruncated(t *testing.T) {
 		{"icmpv6", icmp6p, hitICMP6},
 		{"icmpv6 after destination options", with(icmp6p, func(p *pkt) { p.ext = []uint8{60} }), hitICMP6},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			tt.pkt.payload = payload
-			full := tt.pkt.bytes()
-			for n := 0; n <= len(full); n++ {
-				b := slices.Clone(full[:n])
-				before := snapshot(t, d)
-				ret, err := d.Program().Run(&ebpf.RunOptions{Data: b})
-				after := snapshot(t, d)
-				if n < 14 {
-					// The kernel refuses a test_run buffer shorter than an
-					// Ethernet header (bpf_test_init: size < ETH_HLEN ->
-					// -EINVAL), so the program never sees one; a driver
-					// does not hand XDP a frame that short either.
-					if !errors.Is(err, unix.EINVAL) {
-						t.Errorf("len %d: got verdict %d, error %v; want EINVAL from the kernel", n, ret, err)
+	forEachProg(t, allProgs, func(t *testing.T, p prog) {
+		install(t, d, p.atAll(probeLimits()))
+		clearMap(t, fragTable(t, d))
+		for _, tt := range tests {
+			t.Run(tt.name, func(t *testing.T) {
+				tt.pkt.payload = payload
+				full := tt.pkt.bytes()
+				for n := 0; n <= len(full); n++ {
+					b := slices.Clone(full[:n])
+					before := snapshot(t, d)
+					ret, err := p.of(t, d).Run(&ebpf.RunOptions{Data: b})
+					after := snapshot(t, d)
+					if !p.runnable(b) {
+						// The kernel refuses a test_run buffer shorter than
+						// an Ethernet header (bpf_test_init: size < ETH_HLEN
+						// -> -EINVAL), so the program never sees one; a
+						// driver does not hand XDP a frame that short
+						// either. For an skb it refuses an IP frame shorter
+						// than its IP header too (prog.runnable).
+						if !errors.Is(err, unix.EINVAL) {
+							t.Errorf("len %d: got verdict %d, error %v; want EINVAL from the kernel", n, ret, err)
+						}
+						checkDropped(t, before, after, nil, n, gNone)
+						continue
 					}
-					checkDropped(t, before, after, nil, n, gNone)
-					continue
+					if err != nil {
+						t.Fatalf("len %d: %v", n, err)
+					}
+					hit, g, what := truncated(tt.pkt, tt.hit, n)
+					want := uint32(xdpPass)
+					if len(hit) > 0 {
+						want = xdpDrop
+					}
+					if got := p.verdict(t, ret); got != want {
+						t.Errorf("len %d (%s): verdict %d, want %d", n, what, got, want)
+					}
+					checkDropped(t, before, after, hit, n, g)
+					if t.Failed() {
+						t.Fatalf("stopped at len %d of %d (%s)", n, len(full), what)
+					}
 				}
-				if err != nil {
-					t.Fatalf("len %d: %v", n, err)
-				}
-				hit, g, what := truncated(tt.pkt, tt.hit, n)
-				want := uint32(xdpPass)
-				if len(hit) > 0 {
-					want = xdpDrop
-				}
-				if ret != want {
-					t.Errorf("len %d (%s): verdict %d, want %d", n, what, ret, want)
-				}
-				checkDropped(t, before, after, hit, n, g)
-				if t.Failed() {
-					t.Fatalf("stopped at len %d of %d (%s)", n, len(full), what)
-				}
-			}
-		})
-	}
+			})
+		}
+	})
 }
 
 // truncated is what the probe limits see of p cut to n bytes, its headers

@@ -10,22 +10,19 @@ import (
 	"github.com/rlagent/rlagent/maps"
 )
 
-// sim drives one packet through the data path n times on a CPU, with the
-// test clock moving step ns before each packet.
+// sim drives one packet through a program of the data path n times on a
+// CPU, with the test clock moving step ns before each packet.
 type sim struct {
 	tb testing.TB
 	d  *maps.Datapath
+	p  prog
 }
 
 func (s sim) run(cpu int, p []byte, n uint32) {
 	s.tb.Helper()
 	unpin := pinCPU(s.tb, cpu)
 	defer unpin()
-	for n > 0 {
-		k := min(n, 1<<20)
-		mustRepeat(s.tb, s.d.Program(), p, k)
-		n -= k
-	}
+	s.p.repeat(s.tb, s.d, p, n)
 }
 
 // within fails unless got is within tol of want.
@@ -53,7 +50,14 @@ func ncpu(tb testing.TB) int {
 // What ran is read back from the test clock, which moves one step per packet:
 // cilium/ebpf restarts a test_run that a signal interrupted, so a run of
 // Repeat=n can execute a few more than n packets.
+//
+// The XDP program, and a TC program (an egress one) with the limit at its
+// hook: the same buckets behind another hook and another kind of packet.
 func TestAccuracy(t *testing.T) {
+	forEachProg(t, []prog{xdpProg, tcEgress}, testAccuracy)
+}
+
+func testAccuracy(t *testing.T, pr prog) {
 	const seconds = 10
 	n := ncpu(t)
 	patterns := []struct {
@@ -74,8 +78,13 @@ func TestAccuracy(t *testing.T) {
 	}{{"overload-10x", 10}, {"at-rate", 1}} {
 		for _, pat := range patterns {
 			t.Run(load.name+"/"+pat.name, func(t *testing.T) {
-				d := testDatapath(t)
-				mustSet(t, d, 0, perSecond(pat.rate, pat.burst))
+				var d *maps.Datapath
+				if pr.tc {
+					d = hookDatapath(t)
+				} else {
+					d = testDatapath(t)
+				}
+				mustSet(t, d, 0, pr.at(perSecond(pat.rate, pat.burst)))
 				pps := pat.rate * load.x
 				total := pps * seconds
 				step := uint64(1e9) / pps
@@ -86,7 +95,7 @@ func TestAccuracy(t *testing.T) {
 				if pat.blockMs > 0 {
 					block = pps * pat.blockMs / 1000
 				}
-				s := sim{t, d}
+				s := sim{t, d, pr}
 				p := udp4("10.0.0.1", "10.0.0.2", 53)
 				for b, sent := 0, uint64(0); sent < total; b++ {
 					k := min(block, total-sent)
@@ -119,56 +128,64 @@ func TestAccuracy(t *testing.T) {
 	}
 }
 
-// A packet rejected by one limit draws no tokens from another it matches.
+// A packet rejected by one limit draws no tokens from another it matches:
+// all or nothing among the limits one program enforces, through every
+// program. A limit at another hook that matches the packet too is neither
+// charged nor counted by this program (a limit is enforced at exactly one
+// hook), however the packet fares here.
 func TestRejectedDrawsNothing(t *testing.T) {
-	d := testDatapath(t)
+	d := hookDatapath(t)
 	defer pinCPU(t, 0)()
 	wide := perSecond(1000, 100) // udp 53
 	narrow := maps.Limit{Rate: 1, Burst: 5, Match: maps.Match{
 		SrcCIDRs: []netip.Prefix{netip.MustParsePrefix("10.1.0.0/16")},
 	}}
-	mustSet(t, d, 0, wide)
-	mustSet(t, d, 1, narrow)
+	forEachProg(t, allProgs, func(t *testing.T, pr prog) {
+		fresh(t, d, 0, pr.at(wide))
+		fresh(t, d, 1, pr.at(narrow))
+		// The same limit at the next hook: never this program's.
+		other := perSecond(1, 1)
+		other.Match.Attach, other.Match.Direction = maps.Endpoints, maps.Egress
+		fresh(t, d, 2, pr.at(other))
 
-	both := udp4("10.1.0.1", "10.0.0.2", 53)
-	for range 50 {
-		mustRun(t, d.Program(), both)
-	}
-	if st := mustStats(t, d, 1); st.AdmittedPackets != 5 || st.DroppedPackets != 45 {
-		t.Fatalf("narrow limit: admitted %d dropped %d, want 5 and 45", st.AdmittedPackets, st.DroppedPackets)
-	}
-	if st := mustStats(t, d, 0); st.AdmittedPackets != 5 || st.DroppedPackets != 0 {
-		t.Fatalf("wide limit: admitted %d dropped %d, want 5 and 0 (the 45 drops are the narrow limit's)", st.AdmittedPackets, st.DroppedPackets)
-	}
-	// The wide bucket still holds burst - 5: the 45 rejected packets took nothing.
-	onlyWide := udp4("10.2.0.1", "10.0.0.2", 53)
-	var pass int
-	for range 200 {
-		if mustRun(t, d.Program(), onlyWide) == xdpPass {
-			pass++
+		both := udp4("10.1.0.1", "10.0.0.2", 53)
+		for range 50 {
+			pr.run(t, d, both)
 		}
-	}
-	if pass != 95 {
-		t.Fatalf("wide limit admitted %d more, want 95 (= burst 100 - 5)", pass)
-	}
+		if st := mustStats(t, d, 1); st.AdmittedPackets != 5 || st.DroppedPackets != 45 {
+			t.Fatalf("narrow limit: admitted %d dropped %d, want 5 and 45", st.AdmittedPackets, st.DroppedPackets)
+		}
+		if st := mustStats(t, d, 0); st.AdmittedPackets != 5 || st.DroppedPackets != 0 {
+			t.Fatalf("wide limit: admitted %d dropped %d, want 5 and 0 (the 45 drops are the narrow limit's)", st.AdmittedPackets, st.DroppedPackets)
+		}
+		if st := mustStats(t, d, 2); st != (maps.Stats{}) {
+			t.Fatalf("a limit at another hook counted %s", nonzero(st))
+		}
+		// The wide bucket still holds burst - 5: the 45 rejected packets
+		// took nothing.
+		onlyWide := udp4("10.2.0.1", "10.0.0.2", 53)
+		if pass := pr.passes(t, d, onlyWide, 200); pass != 95 {
+			t.Fatalf("wide limit admitted %d more, want 95 (= burst 100 - 5)", pass)
+		}
+	})
 }
 
-// admitNow sends up to max packets with the clock stopped and returns how
-// many pass: the tokens the bucket holds.
+// admitNow sends up to max packets through the XDP program with the clock
+// stopped and returns how many pass: the tokens the bucket holds.
 func admitNow(tb testing.TB, d *maps.Datapath, p []byte, limit int) int {
+	tb.Helper()
+	return admitNowOn(tb, d, xdpProg, p, limit)
+}
+
+// admitNowOn is admitNow through program pr.
+func admitNowOn(tb testing.TB, d *maps.Datapath, pr prog, p []byte, limit int) int {
 	tb.Helper()
 	now, err := d.TestClock()
 	if err != nil {
 		tb.Fatal(err)
 	}
 	setClock(tb, d, now, 0)
-	pass := 0
-	for range limit {
-		if mustRun(tb, d.Program(), p) == xdpPass {
-			pass++
-		}
-	}
-	return pass
+	return pr.passes(tb, d, p, limit)
 }
 
 // A rate change applies from the moment it is written, and the buckets keep
@@ -243,55 +260,82 @@ func TestBytes(t *testing.T) {
 	}
 }
 
+// Source and destination prefix keys (issue 9: dst-prefix, the sibling of
+// src-prefix): addresses in one prefix of the limit's length share a
+// bucket, one outside has its own, and the bucket lists as the prefix. The
+// destination keys through a TC program too (the per-consumer limit of the
+// fan-out example is an egress one).
 func TestSourcePrefixKeys(t *testing.T) {
+	testPrefixKeys(t, maps.KeySrcPrefix, []prog{xdpProg})
+}
+
+func TestDestinationPrefixKeys(t *testing.T) {
+	testPrefixKeys(t, maps.KeyDstPrefix, []prog{xdpProg, tcEgress})
+}
+
+func testPrefixKeys(t *testing.T, key maps.KeyKind, progs []prog) {
 	defer pinCPU(t, 0)()
-	for _, tc := range []struct {
-		name             string
-		a, b, other      string
-		prefix4, prefix6 uint8
-		wantPrefix       netip.Prefix
-	}{
-		{"v4/24", "10.0.1.1", "10.0.1.200", "10.0.2.1", 24, 64, netip.MustParsePrefix("10.0.1.0/24")},
-		{"v6/64", "2001:db8:0:1::1", "2001:db8:0:1:ffff::2", "2001:db8:0:2::1", 24, 64, netip.MustParsePrefix("2001:db8:0:1::/64")},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			d := testDatapath(t)
-			l := maps.Limit{Rate: 1, Burst: 10, Key: maps.KeySrcPrefix, Prefix4: tc.prefix4, Prefix6: tc.prefix6}
-			mustSet(t, d, 0, l)
-			dst := "10.9.9.9"
-			if netip.MustParseAddr(tc.a).Is6() {
-				dst = "2001:db8::9"
-			}
-			mk := func(src string) []byte { return pkt{src: src, dst: dst, proto: protoUDP, dport: 53}.bytes() }
-			// a and b share a bucket of 10; other has its own.
-			got := admitNow(t, d, mk(tc.a), 6) + admitNow(t, d, mk(tc.b), 6)
-			if got != 10 {
-				t.Fatalf("%s and %s admitted %d together, want 10 (one shared bucket)", tc.a, tc.b, got)
-			}
-			if got := admitNow(t, d, mk(tc.other), 10); got != 10 {
-				t.Fatalf("%s admitted %d, want 10 (its own bucket)", tc.other, got)
-			}
-			bs, err := d.Buckets(0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if len(bs) != 2 {
-				t.Fatalf("%d buckets, want 2: %+v", len(bs), bs)
-			}
-			found := false
-			for _, b := range bs {
-				if netip.PrefixFrom(b.Addr, b.Prefix) == tc.wantPrefix {
-					found = true
+	d := hookDatapath(t)
+	forEachProg(t, progs, func(t *testing.T, pr prog) {
+		for _, tc := range []struct {
+			name             string
+			a, b, other      string
+			prefix4, prefix6 uint8
+			wantPrefix       netip.Prefix
+		}{
+			{"v4/24", "10.0.1.1", "10.0.1.200", "10.0.2.1", 24, 64, netip.MustParsePrefix("10.0.1.0/24")},
+			{"v4/16", "10.7.0.1", "10.7.255.254", "10.8.0.1", 16, 64, netip.MustParsePrefix("10.7.0.0/16")},
+			{"v4/32", "10.0.9.1", "10.0.9.1", "10.0.9.2", 32, 64, netip.MustParsePrefix("10.0.9.1/32")},
+			{"v4/1", "10.0.0.1", "100.0.0.1", "200.0.0.1", 1, 64, netip.MustParsePrefix("0.0.0.0/1")},
+			{"v6/64", "2001:db8:0:1::1", "2001:db8:0:1:ffff::2", "2001:db8:0:2::1", 24, 64, netip.MustParsePrefix("2001:db8:0:1::/64")},
+			{"v6/48", "2001:db8:5::1", "2001:db8:5:ffff::9", "2001:db8:6::1", 24, 48, netip.MustParsePrefix("2001:db8:5::/48")},
+			{"v6/128", "2001:db8::7", "2001:db8::7", "2001:db8::8", 24, 128, netip.MustParsePrefix("2001:db8::7/128")},
+			{"v6/33", "2001:db8:0::1", "2001:db8:7fff::1", "2001:db8:8000::1", 24, 33, netip.MustParsePrefix("2001:db8::/33")},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				fresh(t, d, 0, pr.at(maps.Limit{Rate: 1, Burst: 10, Key: key, Prefix4: tc.prefix4, Prefix6: tc.prefix6}))
+				peer := "10.9.9.9"
+				if netip.MustParseAddr(tc.a).Is6() {
+					peer = "2001:db8::9"
 				}
-			}
-			if !found {
-				t.Fatalf("no bucket for %s in %+v", tc.wantPrefix, bs)
-			}
-			if st := mustStats(t, d, 0); st.NewKeys != 2 {
-				t.Fatalf("new keys %d, want 2", st.NewKeys)
-			}
-		})
-	}
+				// The keyed address on the keyed side; the other side is
+				// the same for all (and would split them if it were read).
+				mk := func(addr string) []byte {
+					if key == maps.KeySrcPrefix {
+						return pkt{src: addr, dst: peer, proto: protoUDP, dport: 53}.bytes()
+					}
+					return pkt{src: peer, dst: addr, proto: protoUDP, dport: 53}.bytes()
+				}
+				// a and b share a bucket of 10; other has its own.
+				got := admitNowOn(t, d, pr, mk(tc.a), 6) + admitNowOn(t, d, pr, mk(tc.b), 6)
+				if got != 10 {
+					t.Fatalf("%s and %s admitted %d together, want 10 (one shared bucket)", tc.a, tc.b, got)
+				}
+				if got := admitNowOn(t, d, pr, mk(tc.other), 10); got != 10 {
+					t.Fatalf("%s admitted %d, want 10 (its own bucket)", tc.other, got)
+				}
+				bs, err := d.Buckets(0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(bs) != 2 {
+					t.Fatalf("%d buckets, want 2: %+v", len(bs), bs)
+				}
+				found := false
+				for _, b := range bs {
+					if netip.PrefixFrom(b.Addr, b.Prefix) == tc.wantPrefix {
+						found = true
+					}
+				}
+				if !found {
+					t.Fatalf("no bucket for %s in %+v", tc.wantPrefix, bs)
+				}
+				if st := mustStats(t, d, 0); st.NewKeys != 2 {
+					t.Fatalf("new keys %d, want 2", st.NewKeys)
+				}
+			})
+		}
+	})
 }
 
 // A key seen for the first time gets a full bucket; when more keys are live

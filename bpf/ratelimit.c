@@ -10,6 +10,21 @@
  *   classify -> check every matching limit without drawing -> commit all or
  *   none. The fast paths (one limit; several key-less limits holding tokens)
  *   are inline specialisations built from the same helpers.
+ * - Programs: xdp_ratelimit (the uplinks' ingress), and one TC program per
+ *   hook (enum rl_hook: tc_uplink_in, tc_uplink_out, tc_endpoint_in,
+ *   tc_endpoint_out). Each enforces the limits of its hook only: a limit is
+ *   enforced at exactly one hook, and all-or-nothing holds among the limits
+ *   one program enforces on a packet. A TC program passes with TCX_NEXT
+ *   (TC_ACT_UNSPEC under clsact), so that the programs after it still run,
+ *   and drops with TC_ACT_SHOT.
+ * - At TC a packet may be a GSO (egress) or GRO (ingress) skb of many
+ *   segments: a packets limit is charged each segment, a bytes limit what
+ *   the segments put on the wire (parse.h, rl_skb_wire), and the per-limit
+ *   counters count the same.
+ * - A connections limit is charged 1 by a TCP SYN without ACK, RST or FIN;
+ *   its other packets are not its at all (neither charged nor counted),
+ *   except an L4-unknown packet that could be TCP, which counts as one
+ *   connection attempt.
  * - A packet that is not IP passes untouched; so does a packet a protect rule
  *   names (rl_protected), before any limit is looked at. An IP packet whose
  *   transport header cannot be found is L4-unknown (parse.h): it is charged
@@ -54,6 +69,8 @@ const enum rl_unit *_rl_unit __attribute__((unused));
 const enum rl_key_kind *_rl_key_kind __attribute__((unused));
 const enum rl_proto_class *_rl_proto_class __attribute__((unused));
 const enum rl_direction *_rl_direction __attribute__((unused));
+const enum rl_attach *_rl_attach __attribute__((unused));
+const enum rl_hook *_rl_hook __attribute__((unused));
 const enum rl_clock_kind *_rl_clock_kind __attribute__((unused));
 const struct rl_global_stats *_rl_global_stats __attribute__((unused));
 const enum rl_meta_state *_rl_meta_state __attribute__((unused));
@@ -147,10 +164,14 @@ static __always_inline struct rl_limit *rl_limit_of(__u32 id, struct rl_limit_cp
 	return lim;
 }
 
-/* What a packet costs a limit, in its units. */
+/* What a packet costs a limit, in its units: its wire bytes, its segments,
+ * or one connection attempt (only such packets reach a connections limit:
+ * rl_classify). */
 static __always_inline __u32 rl_cost(const struct rl_limit *lim, const struct pkt *p)
 {
-	return lim->unit == RL_UNIT_BYTES ? p->len : 1;
+	if (lim->unit == RL_UNIT_BYTES)
+		return p->len;
+	return lim->unit == RL_UNIT_PACKETS ? p->segs : 1;
 }
 
 /* What an empty bucket means for the packet. */
@@ -159,20 +180,21 @@ static __always_inline int rl_over(const struct rl_limit *lim)
 	return lim->action == RL_ACTION_SHADOW ? MATCH_SHADOW : MATCH_REJECT;
 }
 
-static __always_inline void rl_count(struct rl_stats *st, int state, __u32 len)
+/* Counts a packet's segments and wire bytes under its decision. */
+static __always_inline void rl_count(struct rl_stats *st, int state, const struct pkt *p)
 {
 	switch (state) {
 	case MATCH_ADMIT:
-		st->admitted_packets++;
-		st->admitted_bytes += len;
+		st->admitted_packets += p->segs;
+		st->admitted_bytes += p->len;
 		break;
 	case MATCH_REJECT:
-		st->dropped_packets++;
-		st->dropped_bytes += len;
+		st->dropped_packets += p->segs;
+		st->dropped_bytes += p->len;
 		break;
 	case MATCH_SHADOW:
-		st->shadow_packets++;
-		st->shadow_bytes += len;
+		st->shadow_packets += p->segs;
+		st->shadow_bytes += p->len;
 		break;
 	}
 }
@@ -195,6 +217,21 @@ static __always_inline __u64 rl_hash(const __u64 seed[2], __u32 id, __u32 gen, c
 #define RL_SET_SHIFT (64 - 12)
 _Static_assert(RL_KEY_CACHE_SETS == 1 << 12, "RL_SET_SHIFT takes 12 bits for the set");
 
+/* An address masked to the limit's prefix of its family. */
+static __always_inline void rl_prefix_key(const struct rl_limit *lim, __u8 family, const __u32 a[4],
+					  __u32 out[4])
+{
+	if (family == 4) {
+		out[2] = a[2];
+		out[3] = a[3] & lim->prefix4;
+	} else {
+		out[0] = a[0] & lim->prefix6[0];
+		out[1] = a[1] & lim->prefix6[1];
+		out[2] = a[2] & lim->prefix6[2];
+		out[3] = a[3] & lim->prefix6[3];
+	}
+}
+
 static __always_inline void rl_bucket_key(const struct rl_limit *lim, const struct pkt *p,
 					  struct rl_bucket_key *k)
 {
@@ -206,15 +243,10 @@ static __always_inline void rl_bucket_key(const struct rl_limit *lim, const stru
 		__builtin_memcpy(k->addr, p->dst, sizeof(k->addr));
 		break;
 	case RL_KEY_SRC_PREFIX:
-		if (p->family == 4) {
-			k->addr[2] = p->src[2];
-			k->addr[3] = p->src[3] & lim->prefix4;
-		} else {
-			k->addr[0] = p->src[0] & lim->prefix6[0];
-			k->addr[1] = p->src[1] & lim->prefix6[1];
-			k->addr[2] = p->src[2] & lim->prefix6[2];
-			k->addr[3] = p->src[3] & lim->prefix6[3];
-		}
+		rl_prefix_key(lim, p->family, p->src, k->addr);
+		break;
+	case RL_KEY_DST_PREFIX:
+		rl_prefix_key(lim, p->family, p->dst, k->addr);
 		break;
 	case RL_KEY_DST_PORT:
 		k->addr[0] = p->pclass;
@@ -495,7 +527,7 @@ static __always_inline void rl_commit(const struct pkt *p, const struct match *m
 		}
 		break;
 	}
-	rl_count(&lc->stats, m->state == MATCH_ADMIT_DRAWN ? MATCH_ADMIT : m->state, p->len);
+	rl_count(&lc->stats, m->state == MATCH_ADMIT_DRAWN ? MATCH_ADMIT : m->state, p);
 }
 
 /* Protect rules: does one name this packet? Its peer is the source on
@@ -586,16 +618,24 @@ static __always_inline void rl_classify_cidr(const struct pkt *p, const struct r
  * space ORs the class's port-less limits into every port entry, so that a
  * packet with ports needs no rl_proto_any lookup; a packet without ports
  * reads its class's entry of rl_proto_any, the "any port" entry if its
- * ports are unknown), ANDed with the direction's limits; then source and
- * destination prefixes, only if a candidate is restricted by them. */
+ * ports are unknown), ANDed with the hook's limits, less the connections
+ * limits unless the packet is a connection attempt; then source and
+ * destination prefixes, only if a candidate is restricted by them.
+ *
+ * Connection attempts: a TCP SYN without ACK, RST or FIN, or an L4-unknown
+ * packet (it could be one). User space puts a connections limit in the TCP
+ * entries only (and in the L4-unknown entries of TCP and of an unknown
+ * protocol), so only a TCP packet can find one among its candidates that
+ * is not its: the others skip the mask. */
 static __always_inline bool rl_classify(const struct pkt *p, const struct rl_config *cfg,
-					__u32 dir, struct rl_mask *out)
+					__u32 hook, struct rl_mask *out)
 {
 	__u64 need_src = 0, need_dst = 0;
+	bool keep_conn = p->pclass != RL_PROTO_TCP || (p->syn | p->l4_unknown);
 	struct rl_mask *m;
 	__u32 idx;
 
-	if (dir >= RL_DIRECTIONS)
+	if (hook >= RL_HOOKS)
 		return false;
 	/* Two call sites, kept apart (barrier_var): merged into one call with
 	 * either map, the verifier could no longer inline the array lookup. */
@@ -613,8 +653,10 @@ static __always_inline bool rl_classify(const struct pkt *p, const struct rl_con
 
 #pragma unroll
 	for (int w = 0; w < RL_MASK_WORDS; w++) {
-		__u64 c = m->w[w] & cfg->dir[dir].w[w];
+		__u64 c = m->w[w] & cfg->hook[hook].w[w];
 
+		if (!keep_conn)
+			c &= ~cfg->conn.w[w];
 		out->w[w] = c;
 		need_src |= c & cfg->src_cidr.w[w];
 		need_dst |= c & cfg->dst_cidr.w[w];
@@ -757,10 +799,10 @@ static __always_inline bool rl_decide_one(const struct pkt *p, const struct rl_c
 			/* rl_over and rl_count, with the state known at each
 			 * branch: no run-time switch on the drop path. */
 			if (lim->action == RL_ACTION_SHADOW) {
-				rl_count(&lc->stats, MATCH_SHADOW, p->len);
+				rl_count(&lc->stats, MATCH_SHADOW, p);
 				return true;
 			}
-			rl_count(&lc->stats, MATCH_REJECT, p->len);
+			rl_count(&lc->stats, MATCH_REJECT, p);
 			return false;
 		}
 	} else {
@@ -779,7 +821,7 @@ static __always_inline bool rl_decide_one(const struct pkt *p, const struct rl_c
 			r.set->mru = r.way;
 	}
 	c->tokens -= cost;
-	rl_count(&lc->stats, MATCH_ADMIT, p->len);
+	rl_count(&lc->stats, MATCH_ADMIT, p);
 	return true;
 
 slow:
@@ -832,7 +874,7 @@ static __always_inline bool rl_decide_fast(const struct pkt *p, const struct rl_
 		if (!lim)
 			continue;	/* cannot happen: checked above */
 		lc->cache.tokens -= rl_cost(lim, p);
-		rl_count(&lc->stats, MATCH_ADMIT, p->len);
+		rl_count(&lc->stats, MATCH_ADMIT, p);
 	}
 	return true;
 }
@@ -855,10 +897,11 @@ __noinline int rl_frag(struct pkt *p, __u64 *now)
 	return 0;
 }
 
-/* The one decision for a parsed packet, for every program and direction.
- * Returns true if the packet may pass. */
-static __always_inline bool rl_decide(struct pkt *p, __u32 dir)
+/* The one decision for a parsed packet, for every program: the limits of
+ * hook (enum rl_hook). Returns true if the packet may pass. */
+static __always_inline bool rl_decide(struct pkt *p, __u32 hook)
 {
+	__u32 dir = hook & 1;	/* the traffic's direction (enum rl_hook) */
 	struct rl_config *cfg;
 	struct rl_mask cand;
 	__u64 now = 0;	/* the clock, read at most once, where needed */
@@ -879,7 +922,7 @@ static __always_inline bool rl_decide(struct pkt *p, __u32 dir)
 		rl_global_count(G_PROTECTED);
 		return true;
 	}
-	if (!rl_classify(p, cfg, dir, &cand))
+	if (!rl_classify(p, cfg, hook, &cand))
 		return true;
 
 	/* Exactly one candidate: the common case. */
@@ -900,7 +943,57 @@ int xdp_ratelimit(struct xdp_md *ctx)
 	rl_clock_tick();
 	if (parse_packet(data, end, &p) < 0)
 		return XDP_PASS;
-	return rl_decide(&p, RL_DIR_INGRESS) ? XDP_PASS : XDP_DROP;
+	return rl_decide(&p, RL_HOOK_UPLINK_IN) ? XDP_PASS : XDP_DROP;
+}
+
+#ifndef TCX_NEXT
+#define TCX_NEXT -1	/* linux/bpf.h of 6.6+: run the next program */
+#endif
+_Static_assert(TCX_NEXT == TC_ACT_UNSPEC, "one verdict passes under tcx and under clsact");
+
+/* The TC programs: one per hook, the hook a constant so that the verifier
+ * keeps one hook's path. The same skb program works under tcx and as a
+ * clsact direct-action filter. */
+static __always_inline int rl_tc(struct __sk_buff *skb, __u32 hook)
+{
+	struct pkt p = {};
+
+	rl_clock_tick();
+	if (rl_parse_skb(skb, &p) < 0)
+		return TCX_NEXT;
+	rl_skb_wire(skb, &p);
+	return rl_decide(&p, hook) ? TCX_NEXT : TC_ACT_SHOT;
+}
+
+/* An uplink's TC ingress: the uplink's ingress limits where XDP cannot be
+ * used. */
+SEC("tc")
+int tc_uplink_in(struct __sk_buff *skb)
+{
+	return rl_tc(skb, RL_HOOK_UPLINK_IN);
+}
+
+/* An uplink's TC egress. */
+SEC("tc")
+int tc_uplink_out(struct __sk_buff *skb)
+{
+	return rl_tc(skb, RL_HOOK_UPLINK_OUT);
+}
+
+/* Traffic into a local endpoint: the TC egress of its host-side veth (or
+ * the ingress of its own interface, where a CNI redirects past the host
+ * side). */
+SEC("tc")
+int tc_endpoint_in(struct __sk_buff *skb)
+{
+	return rl_tc(skb, RL_HOOK_ENDPOINT_IN);
+}
+
+/* Traffic out of a local endpoint: the TC ingress of its host-side veth. */
+SEC("tc")
+int tc_endpoint_out(struct __sk_buff *skb)
+{
+	return rl_tc(skb, RL_HOOK_ENDPOINT_OUT);
 }
 
 /* Reads the data path's clock into rl_clock_probe_out, for user space to set

@@ -20,6 +20,14 @@ const (
 	RatelimitRlActionRL_ACTION_SHADOW RatelimitRlAction = 1
 )
 
+type RatelimitRlAttach uint32
+
+const (
+	RatelimitRlAttachRL_ATTACH_UPLINK    RatelimitRlAttach = 0
+	RatelimitRlAttachRL_ATTACH_ENDPOINTS RatelimitRlAttach = 1
+	RatelimitRlAttachRL_ATTACHES         RatelimitRlAttach = 2
+)
+
 type RatelimitRlBucketKey struct {
 	_     structs.HostLayout
 	Limit uint32
@@ -47,12 +55,13 @@ const (
 
 type RatelimitRlConfig struct {
 	_               structs.HostLayout
-	Dir             [2]RatelimitRlMask
+	Hook            [4]RatelimitRlMask
 	SrcCidr         RatelimitRlMask
 	DstCidr         RatelimitRlMask
 	LastGen         uint32
 	Pad             uint32
 	Drop            RatelimitRlMask
+	Conn            RatelimitRlMask
 	ProtectRules    uint32
 	ProtectPortless uint32
 	ProtectPeers    uint32
@@ -134,6 +143,16 @@ type RatelimitRlGlobalStats struct {
 	CacheBypass      uint64
 }
 
+type RatelimitRlHook uint32
+
+const (
+	RatelimitRlHookRL_HOOK_UPLINK_IN    RatelimitRlHook = 0
+	RatelimitRlHookRL_HOOK_UPLINK_OUT   RatelimitRlHook = 1
+	RatelimitRlHookRL_HOOK_ENDPOINT_IN  RatelimitRlHook = 2
+	RatelimitRlHookRL_HOOK_ENDPOINT_OUT RatelimitRlHook = 3
+	RatelimitRlHookRL_HOOKS             RatelimitRlHook = 4
+)
+
 type RatelimitRlKeyKind uint32
 
 const (
@@ -142,6 +161,7 @@ const (
 	RatelimitRlKeyKindRL_KEY_DST_IP     RatelimitRlKeyKind = 2
 	RatelimitRlKeyKindRL_KEY_SRC_PREFIX RatelimitRlKeyKind = 3
 	RatelimitRlKeyKindRL_KEY_DST_PORT   RatelimitRlKeyKind = 4
+	RatelimitRlKeyKindRL_KEY_DST_PREFIX RatelimitRlKeyKind = 5
 )
 
 type RatelimitRlKeySet struct {
@@ -271,8 +291,9 @@ type RatelimitRlTestClock struct {
 type RatelimitRlUnit uint32
 
 const (
-	RatelimitRlUnitRL_UNIT_PACKETS RatelimitRlUnit = 0
-	RatelimitRlUnitRL_UNIT_BYTES   RatelimitRlUnit = 1
+	RatelimitRlUnitRL_UNIT_PACKETS     RatelimitRlUnit = 0
+	RatelimitRlUnitRL_UNIT_BYTES       RatelimitRlUnit = 1
+	RatelimitRlUnitRL_UNIT_CONNECTIONS RatelimitRlUnit = 2
 )
 
 // Names of all BPF objects in the ELF.
@@ -299,13 +320,19 @@ const (
 	RatelimitMapRlSrc4          = "rl_src4"
 	RatelimitMapRlSrc6          = "rl_src6"
 	RatelimitMapRlTombstones    = "rl_tombstones"
+	RatelimitProgTcEndpointIn   = "tc_endpoint_in"
+	RatelimitProgTcEndpointOut  = "tc_endpoint_out"
+	RatelimitProgTcUplinkIn     = "tc_uplink_in"
+	RatelimitProgTcUplinkOut    = "tc_uplink_out"
 	RatelimitProgXdpClockProbe  = "xdp_clock_probe"
 	RatelimitProgXdpRatelimit   = "xdp_ratelimit"
 	RatelimitVarRlAction        = "_rl_action"
+	RatelimitVarRlAttach        = "_rl_attach"
 	RatelimitVarRlClockKind     = "_rl_clock_kind"
 	RatelimitVarRlConst         = "_rl_const"
 	RatelimitVarRlDirection     = "_rl_direction"
 	RatelimitVarRlGlobalStats   = "_rl_global_stats"
+	RatelimitVarRlHook          = "_rl_hook"
 	RatelimitVarRlKeyKind       = "_rl_key_kind"
 	RatelimitVarRlMetaState     = "_rl_meta_state"
 	RatelimitVarRlProtoClass    = "_rl_proto_class"
@@ -359,6 +386,10 @@ type RatelimitSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type RatelimitProgramSpecs struct {
+	TcEndpointIn  *ebpf.ProgramSpec `ebpf:"tc_endpoint_in"`
+	TcEndpointOut *ebpf.ProgramSpec `ebpf:"tc_endpoint_out"`
+	TcUplinkIn    *ebpf.ProgramSpec `ebpf:"tc_uplink_in"`
+	TcUplinkOut   *ebpf.ProgramSpec `ebpf:"tc_uplink_out"`
 	XdpClockProbe *ebpf.ProgramSpec `ebpf:"xdp_clock_probe"`
 	XdpRatelimit  *ebpf.ProgramSpec `ebpf:"xdp_ratelimit"`
 }
@@ -394,10 +425,12 @@ type RatelimitMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type RatelimitVariableSpecs struct {
 	RlAction        *ebpf.VariableSpec `ebpf:"_rl_action"`
+	RlAttach        *ebpf.VariableSpec `ebpf:"_rl_attach"`
 	RlClockKind     *ebpf.VariableSpec `ebpf:"_rl_clock_kind"`
 	RlConst         *ebpf.VariableSpec `ebpf:"_rl_const"`
 	RlDirection     *ebpf.VariableSpec `ebpf:"_rl_direction"`
 	RlGlobalStats   *ebpf.VariableSpec `ebpf:"_rl_global_stats"`
+	RlHook          *ebpf.VariableSpec `ebpf:"_rl_hook"`
 	RlKeyKind       *ebpf.VariableSpec `ebpf:"_rl_key_kind"`
 	RlMetaState     *ebpf.VariableSpec `ebpf:"_rl_meta_state"`
 	RlProtoClass    *ebpf.VariableSpec `ebpf:"_rl_proto_class"`
@@ -481,10 +514,12 @@ func (m *RatelimitMaps) Close() error {
 // It can be passed to LoadRatelimitObjects or ebpf.CollectionSpec.LoadAndAssign.
 type RatelimitVariables struct {
 	RlAction        *ebpf.Variable `ebpf:"_rl_action"`
+	RlAttach        *ebpf.Variable `ebpf:"_rl_attach"`
 	RlClockKind     *ebpf.Variable `ebpf:"_rl_clock_kind"`
 	RlConst         *ebpf.Variable `ebpf:"_rl_const"`
 	RlDirection     *ebpf.Variable `ebpf:"_rl_direction"`
 	RlGlobalStats   *ebpf.Variable `ebpf:"_rl_global_stats"`
+	RlHook          *ebpf.Variable `ebpf:"_rl_hook"`
 	RlKeyKind       *ebpf.Variable `ebpf:"_rl_key_kind"`
 	RlMetaState     *ebpf.Variable `ebpf:"_rl_meta_state"`
 	RlProtoClass    *ebpf.Variable `ebpf:"_rl_proto_class"`
@@ -500,12 +535,20 @@ type RatelimitVariables struct {
 //
 // It can be passed to LoadRatelimitObjects or ebpf.CollectionSpec.LoadAndAssign.
 type RatelimitPrograms struct {
+	TcEndpointIn  *ebpf.Program `ebpf:"tc_endpoint_in"`
+	TcEndpointOut *ebpf.Program `ebpf:"tc_endpoint_out"`
+	TcUplinkIn    *ebpf.Program `ebpf:"tc_uplink_in"`
+	TcUplinkOut   *ebpf.Program `ebpf:"tc_uplink_out"`
 	XdpClockProbe *ebpf.Program `ebpf:"xdp_clock_probe"`
 	XdpRatelimit  *ebpf.Program `ebpf:"xdp_ratelimit"`
 }
 
 func (p *RatelimitPrograms) Close() error {
 	return _RatelimitClose(
+		p.TcEndpointIn,
+		p.TcEndpointOut,
+		p.TcUplinkIn,
+		p.TcUplinkOut,
 		p.XdpClockProbe,
 		p.XdpRatelimit,
 	)

@@ -79,6 +79,16 @@ const (
 	anyPort = int(bpf.RatelimitRlProtoClassRL_PROTO_CLASSES)
 )
 
+// classes are the protocol classes a limit's packets can be of: those its
+// protocol selects; TCP only for a connections limit (a connection attempt
+// is a TCP SYN).
+func (l *Limit) classes() []int {
+	if l.Unit == Connections {
+		return []int{classTCP}
+	}
+	return l.Match.Protocol.classes()
+}
+
 // classes are the protocol classes a protocol selects.
 func (p Protocol) classes() []int {
 	switch p {
@@ -104,25 +114,30 @@ func buildClassifier(limits map[uint32]*installed, prev *bpf.RatelimitRlConfig, 
 	c.cfg.LastGen = lastGen
 	for id, in := range limits {
 		m := &in.limit.Match
-		setBit(&c.cfg.Dir[m.Direction], id)
+		// One hook: no packet is charged twice for one limit.
+		setBit(&c.cfg.Hook[m.Attach.Hook(m.Direction)], id)
 		if in.limit.Action == Drop {
 			setBit(&c.cfg.Drop, id)
 		}
+		if in.limit.Unit == Connections {
+			setBit(&c.cfg.Conn, id)
+		}
+		classes := in.limit.classes()
 		// A packet whose protocol is unknown could be any limit's.
 		setBit(&c.protoAny[classUnknown], id)
 		setBit(&c.protoAny[anyPort+classUnknown], id)
-		for _, cl := range m.Protocol.classes() {
+		for _, cl := range classes {
 			// A limit on ports matches only TCP and UDP, ports or not.
 			if len(m.DstPorts) == 0 || cl == classTCP || cl == classUDP {
 				setBit(&c.protoAny[anyPort+cl], id)
 			}
 		}
 		if len(m.DstPorts) == 0 {
-			for _, cl := range m.Protocol.classes() {
+			for _, cl := range classes {
 				setBit(&c.protoAny[cl], id)
 			}
 		} else {
-			for _, cl := range m.Protocol.classes() {
+			for _, cl := range classes {
 				if cl != classTCP && cl != classUDP {
 					continue
 				}
@@ -186,18 +201,17 @@ func lpm6Key(p netip.Prefix) bpf.RatelimitRlLpm6 {
 
 // apply writes next over the maps, which hold cur, in an order that never
 // lets a packet see a limit with half of its match:
-// first the direction masks lose the limits that go, then the tables change,
-// then the direction masks gain the limits that come.
+// first the hook masks lose the limits that go, then the tables change,
+// then the hook masks gain the limits that come.
+//
+// A limit that moves to another hook (another attach point or direction)
+// is in neither hook's mask while the tables change, so that no moment has
+// it at two hooks; a limit that becomes or stops being a connections limit
+// is in no hook's mask meanwhile either, so that no packet sees it with
+// half of that change.
 func (d *Datapath) apply(cur, next *classifier) error {
 	var zero uint32
-	interim := next.cfg
-	for i := range interim.Dir {
-		interim.Dir[i] = and(cur.cfg.Dir[i], next.cfg.Dir[i])
-	}
-	// A limit restricted to prefixes whose entries are not written yet
-	// matches nothing: safe.
-	interim.SrcCidr = or(cur.cfg.SrcCidr, next.cfg.SrcCidr)
-	interim.DstCidr = or(cur.cfg.DstCidr, next.cfg.DstCidr)
+	interim := interimConfig(&cur.cfg, &next.cfg)
 	if err := d.objs.RlCfg.Put(zero, &interim); err != nil {
 		return fmt.Errorf("write classifier config: %w", err)
 	}
@@ -232,6 +246,24 @@ func (d *Datapath) apply(cur, next *classifier) error {
 		return fmt.Errorf("write classifier config: %w", err)
 	}
 	return nil
+}
+
+// interimConfig is the classifier config apply writes before it changes
+// the tables: next's, where each hook keeps only the limits that stay at it
+// unchanged in kind (a limit that moves to another hook, or becomes or stops
+// being a connections limit, is at no hook meanwhile), and the prefix
+// restrictions of both.
+func interimConfig(cur, next *bpf.RatelimitRlConfig) bpf.RatelimitRlConfig {
+	interim := *next
+	connChanged := or(andNot(cur.Conn, next.Conn), andNot(next.Conn, cur.Conn))
+	for i := range interim.Hook {
+		interim.Hook[i] = andNot(and(cur.Hook[i], next.Hook[i]), connChanged)
+	}
+	// A limit restricted to prefixes whose entries are not written yet
+	// matches nothing: safe.
+	interim.SrcCidr = or(cur.SrcCidr, next.SrcCidr)
+	interim.DstCidr = or(cur.DstCidr, next.DstCidr)
+	return interim
 }
 
 func (d *Datapath) applyPrefixes(side string, m4, m6 *ebpf.Map, cur, next map[netip.Prefix]mask) error {
@@ -314,11 +346,14 @@ func (d *Datapath) readClassifier() (*classifier, error) {
 
 // matchOf reconstructs a limit's match from the classifier, for limits found
 // in pinned maps. The result selects the same packets; CIDRs covered by
-// another CIDR of the same limit are folded into it.
+// another CIDR of the same limit are folded into it, and a connections
+// limit's protocol reads back as TCP (all it sees).
 func (c *classifier) matchOf(id uint32) Match {
 	var m Match
-	if hasBit(&c.cfg.Dir[Egress], id) {
-		m.Direction = Egress
+	for h := range c.cfg.Hook {
+		if hasBit(&c.cfg.Hook[h], id) {
+			m.Attach, m.Direction = Hook(h).Attach(), Hook(h).Direction()
+		}
 	}
 	var classes []int
 	for cl := range classUnknown {

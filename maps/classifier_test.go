@@ -56,6 +56,13 @@ func TestBuildClassifier(t *testing.T) {
 		11:  {Match: Match{Protocol: TCP}},
 		12:  {Match: Match{Direction: Egress, Protocol: UDP}},
 		127: {Match: Match{Direction: Egress, SrcCIDRs: prefixes("::/0"), DstCIDRs: prefixes("0.0.0.0/0")}},
+		// At the endpoints, each direction.
+		20: {Match: Match{Attach: Endpoints, Protocol: ICMP}},
+		21: {Match: Match{Attach: Endpoints, Direction: Egress, Protocol: UDP, DstPorts: ports(PortRange{5353, 5353})}},
+		// Connections: TCP only, whatever the protocol says, and in the
+		// conn mask.
+		30: {Unit: Connections, Match: Match{Protocol: AnyProtocol, DstPorts: ports(PortRange{22, 22})}},
+		31: {Unit: Connections, Match: Match{Attach: Endpoints, Protocol: TCP}},
 	})
 	c := buildClassifier(limits, nil, 42)
 
@@ -66,6 +73,8 @@ func TestBuildClassifier(t *testing.T) {
 		classTCP*portSpace + 1000:  maskOf(7),
 		classTCP*portSpace + 1001:  maskOf(7),
 		classTCP*portSpace + 1002:  maskOf(7),
+		classTCP*portSpace + 22:    maskOf(30),
+		classUDP*portSpace + 5353:  maskOf(21),
 		classUDP*portSpace + 53:    maskOf(5),
 		classUDP*portSpace + 1000:  maskOf(7),
 		classUDP*portSpace + 1001:  maskOf(7),
@@ -83,10 +92,19 @@ func TestBuildClassifier(t *testing.T) {
 	}
 
 	wantAny := [...]mask{
-		classTCP:   maskOf(9, 11, 127),
+		classTCP:   maskOf(9, 11, 127, 31),
 		classUDP:   maskOf(9, 12, 127),
-		classICMP:  maskOf(9, 10, 127),
+		classICMP:  maskOf(9, 10, 127, 20),
 		classOther: maskOf(9, 127),
+		// Every limit of the class whatever its ports: what an L4-unknown
+		// packet of the class could match. The connections limits only
+		// in TCP's.
+		anyPort + classTCP:     maskOf(3, 7, 9, 11, 64, 127, 30, 31),
+		anyPort + classUDP:     maskOf(5, 7, 9, 12, 65, 127, 21),
+		anyPort + classICMP:    maskOf(9, 10, 127, 20),
+		anyPort + classOther:   maskOf(9, 127),
+		classUnknown:           maskOf(3, 5, 7, 9, 10, 11, 12, 64, 65, 127, 20, 21, 30, 31),
+		anyPort + classUnknown: maskOf(3, 5, 7, 9, 10, 11, 12, 64, 65, 127, 20, 21, 30, 31),
 	}
 	for cl, want := range wantAny {
 		if got := c.protoAny[cl]; got != want {
@@ -98,8 +116,11 @@ func TestBuildClassifier(t *testing.T) {
 		name      string
 		got, want mask
 	}{
-		{"dir[ingress]", c.cfg.Dir[Ingress], maskOf(3, 5, 7, 9, 10, 11, 65)},
-		{"dir[egress]", c.cfg.Dir[Egress], maskOf(12, 64, 127)},
+		{"hook[uplink-in]", c.cfg.Hook[UplinkIn], maskOf(3, 5, 7, 9, 10, 11, 65, 30)},
+		{"hook[uplink-out]", c.cfg.Hook[UplinkOut], maskOf(12, 64, 127)},
+		{"hook[endpoint-in]", c.cfg.Hook[EndpointIn], maskOf(20, 31)},
+		{"hook[endpoint-out]", c.cfg.Hook[EndpointOut], maskOf(21)},
+		{"conn", c.cfg.Conn, maskOf(30, 31)},
 		{"src_cidr", c.cfg.SrcCidr, maskOf(3, 127)},
 		{"dst_cidr", c.cfg.DstCidr, maskOf(5, 127)},
 	} {
@@ -123,7 +144,7 @@ func TestBuildClassifier(t *testing.T) {
 
 	// No limits: every table is empty.
 	empty := buildClassifier(nil, nil, 7)
-	if empty.cfg.Dir != [2]mask{} || empty.protoAny != [len(empty.protoAny)]mask{} || len(empty.src)+len(empty.dst) != 0 {
+	if empty.cfg.Hook != [NumHooks]mask{} || empty.cfg.Conn != (mask{}) || empty.protoAny != [len(empty.protoAny)]mask{} || len(empty.src)+len(empty.dst) != 0 {
 		t.Errorf("classifier of no limits is not empty: %+v", empty.cfg)
 	}
 	for i, m := range empty.ports {
@@ -239,6 +260,7 @@ func canonPrefixes(ps []netip.Prefix) []netip.Prefix {
 // canonMatch is the form matchOf returns for an equivalent match.
 func canonMatch(m Match) Match {
 	return Match{
+		Attach:    m.Attach,
 		Direction: m.Direction,
 		Protocol:  m.Protocol,
 		DstPorts:  canonPorts(m.DstPorts),
@@ -248,7 +270,7 @@ func canonMatch(m Match) Match {
 }
 
 func matchString(m Match) string {
-	return fmt.Sprintf("{dir %d proto %d ports %v src %v dst %v}", m.Direction, m.Protocol, m.DstPorts, m.SrcCIDRs, m.DstCIDRs)
+	return fmt.Sprintf("{attach %d dir %d proto %d ports %v src %v dst %v}", m.Attach, m.Direction, m.Protocol, m.DstPorts, m.SrcCIDRs, m.DstCIDRs)
 }
 
 func TestMatchOf(t *testing.T) {
@@ -291,11 +313,21 @@ func TestMatchOf(t *testing.T) {
 			in:   Match{Direction: Egress, Protocol: UDP, DstPorts: ports(PortRange{53, 53}), DstCIDRs: prefixes("2001:db8::/32")},
 			want: Match{Direction: Egress, Protocol: UDP, DstPorts: ports(PortRange{53, 53}), DstCIDRs: prefixes("2001:db8::/32")},
 		},
+		// Each hook reads back as its attach point and direction.
+		101: {in: Match{Attach: Endpoints, Protocol: UDP}, want: Match{Attach: Endpoints, Protocol: UDP}},
+		102: {in: Match{Attach: Endpoints, Direction: Egress, Protocol: TCP}, want: Match{Attach: Endpoints, Direction: Egress, Protocol: TCP}},
+		// A connections limit of any protocol sees TCP only, and reads
+		// back so (limit 103 has unit connections below).
+		103: {
+			in:   Match{Attach: Endpoints, Protocol: AnyProtocol, DstPorts: ports(PortRange{22, 22})},
+			want: Match{Attach: Endpoints, Protocol: TCP, DstPorts: ports(PortRange{22, 22})},
+		},
 	}
 	ls := make(map[uint32]Limit)
 	for id, tt := range tests {
 		ls[id] = Limit{Match: tt.in}
 	}
+	ls[103] = Limit{Unit: Connections, Match: tests[103].in}
 	c := buildClassifier(installedSet(ls), nil, 1)
 	for id, tt := range tests {
 		if got := c.matchOf(id); matchString(got) != matchString(tt.want) {
@@ -333,6 +365,7 @@ func TestMatchOfRandom(t *testing.T) {
 		ls := make(map[uint32]Limit)
 		for range 1 + r.IntN(30) {
 			m := Match{
+				Attach:    Attach(r.IntN(2)),
 				Direction: Direction(r.IntN(2)),
 				Protocol:  Protocol(r.IntN(4)),
 				SrcCIDRs:  randPrefixes(),
@@ -350,5 +383,55 @@ func TestMatchOfRandom(t *testing.T) {
 				t.Fatalf("round %d, limit %d of %s: matchOf = %s, want %s", round, id, matchString(l.Match), got, want)
 			}
 		}
+	}
+}
+
+// The config apply writes before the tables change: a limit that moves to
+// another hook is at neither while the tables change, never at both (so no
+// packet is charged at two hooks for it); one that becomes a connections
+// limit (or stops being one) is at no hook meanwhile; one that stays, stays.
+func TestInterimConfig(t *testing.T) {
+	cur := buildClassifier(installedSet(map[uint32]Limit{
+		1: {Match: Match{Protocol: UDP}},                                       // moves to the endpoints
+		2: {Match: Match{Attach: Endpoints, Direction: Egress}},                // stays
+		3: {Match: Match{Direction: Egress}},                                   // goes
+		5: {Match: Match{Protocol: TCP}},                                       // becomes a connections limit
+		6: {Unit: Connections, Match: Match{Attach: Endpoints}},                // stays a connections limit
+		7: {Match: Match{Attach: Endpoints, SrcCIDRs: prefixes("10.0.0.0/8")}}, // loses its CIDRs
+	}), nil, 1)
+	next := buildClassifier(installedSet(map[uint32]Limit{
+		1: {Match: Match{Attach: Endpoints, Protocol: UDP}},
+		2: {Match: Match{Attach: Endpoints, Direction: Egress}},
+		4: {Match: Match{Direction: Egress, DstCIDRs: prefixes("10.0.0.0/8")}}, // comes
+		5: {Unit: Connections, Match: Match{Protocol: TCP}},
+		6: {Unit: Connections, Match: Match{Attach: Endpoints}},
+		7: {Match: Match{Attach: Endpoints}},
+	}), nil, 1)
+	in := interimConfig(&cur.cfg, &next.cfg)
+	for h, want := range map[Hook]mask{
+		UplinkIn:    {},
+		UplinkOut:   {},
+		EndpointIn:  maskOf(6, 7),
+		EndpointOut: maskOf(2),
+	} {
+		if got := in.Hook[h]; got != want {
+			t.Errorf("interim hook[%v] = limits %v, want %v", h, idsOf(got), idsOf(want))
+		}
+	}
+	for i := range in.Hook {
+		for j := i + 1; j < len(in.Hook); j++ {
+			if both := and(in.Hook[i], in.Hook[j]); both != (mask{}) {
+				t.Errorf("limits %v at hooks %v and %v at once", idsOf(both), Hook(i), Hook(j))
+			}
+		}
+	}
+	if got, want := in.Conn, maskOf(5, 6); got != want {
+		t.Errorf("interim conn = limits %v, want %v", idsOf(got), idsOf(want))
+	}
+	if got, want := in.SrcCidr, maskOf(7); got != want {
+		t.Errorf("interim src_cidr = limits %v, want %v (restricted until its prefixes are gone)", idsOf(got), idsOf(want))
+	}
+	if got, want := in.DstCidr, maskOf(4); got != want {
+		t.Errorf("interim dst_cidr = limits %v, want %v", idsOf(got), idsOf(want))
 	}
 }

@@ -23,9 +23,18 @@ const (
 	xdpPass = 2
 )
 
-// loadTest loads the data path, unpinned unless opts says otherwise, and
-// closes it when the test ends.
+// loadTest loads the data path's maps and XDP programs, unpinned unless
+// opts says otherwise, and closes it when the test ends. The TC programs
+// are left out (XDPOnly): what the tests here check is the maps, and the
+// verifier takes four times as long for them (TestTCProgram loads them).
 func loadTest(tb testing.TB, opts Options) *Datapath {
+	tb.Helper()
+	opts.XDPOnly = true
+	return loadFull(tb, opts)
+}
+
+// loadFull is loadTest with the programs opts says.
+func loadFull(tb testing.TB, opts Options) *Datapath {
 	tb.Helper()
 	testenv.RequireRoot(tb)
 	d, err := Load(opts)
@@ -850,7 +859,7 @@ func TestPinning(t *testing.T) {
 	}
 	c := checkClassifier(t, d)
 	in := func(m mask) bool { return hasBit(&m, 1) }
-	if in(c.cfg.Dir[0]) || in(c.cfg.Dir[1]) || in(c.cfg.SrcCidr) || in(c.cfg.DstCidr) || slices.ContainsFunc(c.protoAny[:], in) {
+	if slices.ContainsFunc(c.cfg.Hook[:], in) || in(c.cfg.Conn) || in(c.cfg.SrcCidr) || in(c.cfg.DstCidr) || slices.ContainsFunc(c.protoAny[:], in) {
 		t.Errorf("deleted limit 1 still in the classifier config %+v or protocol table %v", c.cfg, c.protoAny)
 	}
 	for i, m := range c.ports {

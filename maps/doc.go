@@ -2,6 +2,12 @@
 // path (bpf/), optionally pins its maps under a directory, and is the only
 // package that reads or writes an *ebpf.Map.
 //
+// The data path's programs share the maps: Program is the XDP program and
+// TCProgram(h) the TC program of hook h (an attach point, Uplink or
+// Endpoints, and a direction). Each enforces the limits of its own hook;
+// a limit's Match.Attach and Match.Direction name its one hook. Attaching
+// them is for the caller (the attach package).
+//
 // A Datapath holds one loaded collection. Limits are written with SetLimit
 // and removed with DeleteLimit; each call validates its input first and
 // writes nothing when it is invalid. SetLimit on an existing limit changes

@@ -29,8 +29,16 @@ var (
 type Unit uint8
 
 const (
+	// Packets: a packet; at TC, each segment of a GSO or GRO packet.
 	Packets = Unit(bpf.RatelimitRlUnitRL_UNIT_PACKETS)
-	Bytes   = Unit(bpf.RatelimitRlUnitRL_UNIT_BYTES)
+	// Bytes: what goes on the wire, L2 header included (at TC, the headers
+	// each segment of a GSO or GRO packet repeats count too).
+	Bytes = Unit(bpf.RatelimitRlUnitRL_UNIT_BYTES)
+	// Connections: a TCP SYN without ACK, RST or FIN costs 1; the limit's
+	// other packets are not its (neither charged nor counted), except an
+	// L4-unknown packet that could be TCP, which counts as one attempt.
+	// A connections limit sees TCP only, whatever its Match.Protocol says.
+	Connections = Unit(bpf.RatelimitRlUnitRL_UNIT_CONNECTIONS)
 )
 
 // Action is what happens to a packet whose bucket is empty.
@@ -50,7 +58,11 @@ const (
 	KeyDstIP     = KeyKind(bpf.RatelimitRlKeyKindRL_KEY_DST_IP)
 	KeySrcPrefix = KeyKind(bpf.RatelimitRlKeyKindRL_KEY_SRC_PREFIX)
 	KeyDstPort   = KeyKind(bpf.RatelimitRlKeyKindRL_KEY_DST_PORT)
+	KeyDstPrefix = KeyKind(bpf.RatelimitRlKeyKindRL_KEY_DST_PREFIX)
 )
+
+// prefixKey reports whether k masks an address with Prefix4 / Prefix6.
+func (k KeyKind) prefixKey() bool { return k == KeySrcPrefix || k == KeyDstPrefix }
 
 // Protocol selects the packets a limit sees by their L4 protocol.
 type Protocol uint8
@@ -62,7 +74,9 @@ const (
 	ICMP // ICMP and ICMPv6
 )
 
-// Direction is the hook a limit applies at.
+// Direction is the direction of the traffic a limit is about: into the
+// host or the endpoint (Ingress), or out of it (Egress). It is the
+// traffic's direction, not the kernel hook's: see Hook.
 type Direction uint8
 
 const (
@@ -70,11 +84,99 @@ const (
 	Egress  = Direction(bpf.RatelimitRlDirectionRL_DIR_EGRESS)
 )
 
+// Attach is where a limit is enforced.
+type Attach uint8
+
+const (
+	// Uplink: the host's uplink interfaces (XDP, or TC).
+	Uplink = Attach(bpf.RatelimitRlAttachRL_ATTACH_UPLINK)
+	// Endpoints: the interfaces of the local endpoints (TC).
+	Endpoints = Attach(bpf.RatelimitRlAttachRL_ATTACH_ENDPOINTS)
+)
+
+// Hook is one attach point and one direction: the limits a program of the
+// data path enforces. A limit is enforced at exactly one hook, so no packet
+// is charged twice for one limit.
+type Hook uint8
+
+const (
+	// UplinkIn: traffic coming in on an uplink. Program() (XDP), or
+	// TCProgram(UplinkIn) on the uplink's TC ingress.
+	UplinkIn = Hook(bpf.RatelimitRlHookRL_HOOK_UPLINK_IN)
+	// UplinkOut: traffic leaving through an uplink: its TC egress.
+	UplinkOut = Hook(bpf.RatelimitRlHookRL_HOOK_UPLINK_OUT)
+	// EndpointIn: traffic into a local endpoint. The host sees it leave
+	// through the TC egress of the endpoint's host-side veth (or, where a
+	// CNI redirects past that hook, at the ingress of the endpoint's own
+	// interface).
+	EndpointIn = Hook(bpf.RatelimitRlHookRL_HOOK_ENDPOINT_IN)
+	// EndpointOut: traffic out of a local endpoint: the TC ingress of its
+	// host-side veth.
+	EndpointOut = Hook(bpf.RatelimitRlHookRL_HOOK_ENDPOINT_OUT)
+	// NumHooks is the number of hooks.
+	NumHooks = int(bpf.RatelimitRlHookRL_HOOKS)
+)
+
+// Hook is the hook of traffic in direction d at attach point a.
+func (a Attach) Hook(d Direction) Hook {
+	return Hook(uint8(a)*uint8(bpf.RatelimitRlDirectionRL_DIRECTIONS) + uint8(d))
+}
+
+// Attach is the attach point of h.
+func (h Hook) Attach() Attach { return Attach(uint8(h) / uint8(bpf.RatelimitRlDirectionRL_DIRECTIONS)) }
+
+// Direction is the direction of the traffic h sees.
+func (h Hook) Direction() Direction {
+	return Direction(uint8(h) % uint8(bpf.RatelimitRlDirectionRL_DIRECTIONS))
+}
+
+// String names the hook: "uplink-in", "endpoint-out", ...
+func (h Hook) String() string {
+	switch h {
+	case UplinkIn:
+		return "uplink-in"
+	case UplinkOut:
+		return "uplink-out"
+	case EndpointIn:
+		return "endpoint-in"
+	case EndpointOut:
+		return "endpoint-out"
+	}
+	return fmt.Sprintf("hook(%d)", uint8(h))
+}
+
+// String names the attach point as the config file does.
+func (a Attach) String() string {
+	switch a {
+	case Uplink:
+		return "uplink"
+	case Endpoints:
+		return "endpoints"
+	}
+	return fmt.Sprintf("attach(%d)", uint8(a))
+}
+
+// String names the direction as the config file does.
+func (d Direction) String() string {
+	switch d {
+	case Ingress:
+		return "ingress"
+	case Egress:
+		return "egress"
+	}
+	return fmt.Sprintf("direction(%d)", uint8(d))
+}
+
 // PortRange is an inclusive range of destination ports.
 type PortRange struct{ First, Last uint16 }
 
 // Match selects the packets a limit applies to. Empty lists match anything.
 type Match struct {
+	// Attach and Direction are the one hook (Attach.Hook) whose program
+	// enforces the limit. Setting the limit again with another Attach
+	// moves it: it leaves its old hook before it reaches the new one, so
+	// no packet is charged at both.
+	Attach    Attach
 	Direction Direction
 	Protocol  Protocol
 	DstPorts  []PortRange // TCP and UDP only
@@ -89,8 +191,8 @@ type Limit struct {
 	Burst   uint64 // units; at least 1 unless Rate is 0
 	Unit    Unit
 	Key     KeyKind
-	Prefix4 uint8 // KeySrcPrefix: IPv4 prefix length, 1..32
-	Prefix6 uint8 // KeySrcPrefix: IPv6 prefix length, 1..128
+	Prefix4 uint8 // KeySrcPrefix, KeyDstPrefix: IPv4 prefix length, 1..32
+	Prefix6 uint8 // KeySrcPrefix, KeyDstPrefix: IPv6 prefix length, 1..128
 	Action  Action
 	Match   Match
 }
@@ -109,15 +211,15 @@ func (l *Limit) Validate() error {
 	if l.Rate == 0 && l.Burst > 0 {
 		return errors.New("burst: must be 0 when rate is 0")
 	}
-	if l.Unit > Bytes {
-		return fmt.Errorf("unit: %d is not one of packets (%d), bytes (%d)", l.Unit, Packets, Bytes)
+	if l.Unit > Connections {
+		return fmt.Errorf("unit: %d is not one of packets (%d), bytes (%d), connections (%d)", l.Unit, Packets, Bytes, Connections)
 	}
 	if l.Action > Shadow {
 		return fmt.Errorf("action: %d is not one of drop (%d), shadow (%d)", l.Action, Drop, Shadow)
 	}
 	switch l.Key {
 	case KeyNone, KeySrcIP, KeyDstIP, KeyDstPort:
-	case KeySrcPrefix:
+	case KeySrcPrefix, KeyDstPrefix:
 		if l.Prefix4 < 1 || l.Prefix4 > 32 {
 			return fmt.Errorf("prefix4: %d is not a prefix length in 1..32", l.Prefix4)
 		}
@@ -125,14 +227,20 @@ func (l *Limit) Validate() error {
 			return fmt.Errorf("prefix6: %d is not a prefix length in 1..128", l.Prefix6)
 		}
 	default:
-		return fmt.Errorf("key: %d is not one of none, src-ip, dst-ip, src-prefix, dst-port", l.Key)
+		return fmt.Errorf("key: %d is not one of none, src-ip, dst-ip, src-prefix, dst-port, dst-prefix", l.Key)
 	}
 	m := &l.Match
+	if m.Attach > Endpoints {
+		return fmt.Errorf("match.attach: %d is not one of uplink (%d), endpoints (%d)", m.Attach, Uplink, Endpoints)
+	}
 	if m.Direction > Egress {
 		return fmt.Errorf("match.direction: %d is not one of ingress (%d), egress (%d)", m.Direction, Ingress, Egress)
 	}
 	if m.Protocol > ICMP {
 		return fmt.Errorf("match.protocol: %d is not one of any, tcp, udp, icmp", m.Protocol)
+	}
+	if l.Unit == Connections && (m.Protocol == UDP || m.Protocol == ICMP) {
+		return fmt.Errorf("unit: connections counts TCP SYNs, and match.protocol %s has none: use tcp or any", m.Protocol)
 	}
 	if len(m.DstPorts) > 0 && m.Protocol == ICMP {
 		return errors.New("match.dstPorts: icmp has no ports")
@@ -176,8 +284,25 @@ func (u Unit) String() string {
 		return "packets"
 	case Bytes:
 		return "bytes"
+	case Connections:
+		return "connections"
 	}
 	return fmt.Sprintf("unit(%d)", uint8(u))
+}
+
+// String names the protocol as the config file does.
+func (p Protocol) String() string {
+	switch p {
+	case AnyProtocol:
+		return "any"
+	case TCP:
+		return "tcp"
+	case UDP:
+		return "udp"
+	case ICMP:
+		return "icmp"
+	}
+	return fmt.Sprintf("protocol(%d)", uint8(p))
 }
 
 // String names the action as the config file does.
@@ -204,6 +329,8 @@ func (k KeyKind) String() string {
 		return "src-prefix"
 	case KeyDstPort:
 		return "dst-port"
+	case KeyDstPrefix:
+		return "dst-prefix"
 	}
 	return fmt.Sprintf("key(%d)", uint8(k))
 }

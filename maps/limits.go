@@ -87,7 +87,7 @@ func (d *Datapath) SetLimit(id uint32, l Limit) error {
 	e.Unit = uint8(l.Unit)
 	e.KeyKind = uint8(l.Key)
 	e.Action = uint8(l.Action)
-	if l.Key == KeySrcPrefix {
+	if l.Key.prefixKey() {
 		e.Prefix4 = netmask4(int(l.Prefix4))
 		e.Prefix6 = netmask6(int(l.Prefix6))
 	}
@@ -356,7 +356,7 @@ func (d *Datapath) load() error {
 			Action: Action(e.Action),
 			Match:  cls.matchOf(id),
 		}
-		if l.Key == KeySrcPrefix {
+		if l.Key.prefixKey() {
 			l.Prefix4 = uint8(bits.OnesCount32(e.Prefix4))
 			for _, w := range e.Prefix6 {
 				l.Prefix6 += uint8(bits.OnesCount32(w))

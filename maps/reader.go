@@ -50,6 +50,10 @@ func OpenPinned(dir string) (*Reader, error) {
 		}
 		return nil, fmt.Errorf("open %s: %w", dir, err)
 	}
+	spec, err := bpf.LoadRatelimit()
+	if err != nil {
+		return nil, fmt.Errorf("read data path ELF: %w", err)
+	}
 	d := &Datapath{opts: Options{PinDir: dir}, limits: make(map[uint32]*installed)}
 	v := reflect.ValueOf(&d.objs.RatelimitMaps).Elem()
 	for i := range v.NumField() {
@@ -65,12 +69,28 @@ func OpenPinned(dir string) (*Reader, error) {
 			return nil, fmt.Errorf("open pinned map %s: %w", name, err)
 		}
 		v.Field(i).Set(reflect.ValueOf(m))
+		if err := compatible(m, spec.Maps[name]); err != nil {
+			d.objs.RatelimitMaps.Close()
+			return nil, fmt.Errorf("open pinned map %s in %s: %w", name, dir, err)
+		}
 	}
 	if err := d.load(); err != nil {
 		d.objs.RatelimitMaps.Close()
 		return nil, fmt.Errorf("read pinned maps in %s: %w", dir, err)
 	}
 	return &Reader{d: d, own: true}, nil
+}
+
+// compatible fails with ebpf.ErrMapIncompatible, and says what to do,
+// unless the pinned map m has the layout of ms (its size may differ: some
+// are sized by options).
+func compatible(m *ebpf.Map, ms *ebpf.MapSpec) error {
+	if ms == nil || (m.Type() == ms.Type && m.KeySize() == ms.KeySize && m.ValueSize() == ms.ValueSize) {
+		return nil
+	}
+	return fmt.Errorf("pinned by another version of rlagent (%v, key %d bytes, value %d; this version's: %v, %d, %d; "+
+		"`rlagent cleanup` removes the pins, and the agent pins its own when it starts): %w",
+		m.Type(), m.KeySize(), m.ValueSize(), ms.Type, ms.KeySize, ms.ValueSize, ebpf.ErrMapIncompatible)
 }
 
 // Close releases the descriptors of a Reader from OpenPinned. A view of a

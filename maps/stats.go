@@ -9,10 +9,14 @@ import (
 	"github.com/rlagent/rlagent/bpf"
 )
 
-// Stats are a limit's counters, summed over CPUs.
+// Stats are a limit's counters, summed over CPUs. Packets are segments (a
+// GSO or GRO packet at TC counts each of its segments) and bytes are wire
+// bytes (the headers each segment repeats included), whatever the limit's
+// unit; a connections limit counts only the packets it was charged for
+// (connection attempts).
 type Stats struct {
 	AdmittedPackets uint64 `json:"admittedPackets"`
-	AdmittedBytes   uint64 `json:"admittedBytes"` // frame bytes, L2 header included
+	AdmittedBytes   uint64 `json:"admittedBytes"` // wire bytes, L2 header included
 	DroppedPackets  uint64 `json:"droppedPackets"`
 	DroppedBytes    uint64 `json:"droppedBytes"`
 	ShadowPackets   uint64 `json:"shadowPackets"` // would have been dropped; passed (action shadow)
@@ -90,8 +94,8 @@ func (d *Datapath) GlobalStats() (GlobalStats, error) {
 
 // Bucket is one key's bucket of a keyed limit.
 type Bucket struct {
-	Addr   netip.Addr // src-ip, dst-ip, src-prefix keys
-	Prefix int        // src-prefix keys: the prefix length
+	Addr   netip.Addr // src-ip, dst-ip, src-prefix, dst-prefix keys
+	Prefix int        // src-prefix, dst-prefix keys: the prefix length
 	Port   uint16     // dst-port keys
 	// dst-port keys: the protocol class of the bucket (TCP, UDP, ICMP, or
 	// AnyProtocol for other and unknown protocols). Packets without a port
@@ -149,7 +153,7 @@ func (d *Datapath) Buckets(id uint32) ([]Bucket, error) {
 				binary.LittleEndian.PutUint32(a[4*i:], w)
 			}
 			b.Addr = netip.AddrFrom16(a).Unmap()
-			if in.limit.Key == KeySrcPrefix {
+			if in.limit.Key.prefixKey() {
 				b.Prefix = int(in.limit.Prefix6)
 				if b.Addr.Is4() {
 					b.Prefix = int(in.limit.Prefix4)

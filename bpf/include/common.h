@@ -39,8 +39,16 @@ enum rl_action {
 
 /* What one token is worth. */
 enum rl_unit {
+	/* A packet; at TC, each segment of a GSO or GRO packet (gso_segs). */
 	RL_UNIT_PACKETS = 0,
-	RL_UNIT_BYTES = 1,	/* the frame length as the hook sees it, L2 header included */
+	/* What goes on the wire, L2 header included: the frame length at XDP;
+	 * at TC, skb->len plus the headers each further segment of a GSO or GRO
+	 * packet repeats (struct pkt, len). */
+	RL_UNIT_BYTES = 1,
+	/* A connection attempt: a TCP SYN without ACK, RST or FIN (or an
+	 * L4-unknown packet that could be one). The limit's other packets are
+	 * not its: rl_config.conn. */
+	RL_UNIT_CONNECTIONS = 2,
 };
 
 /* How a limit splits its traffic into buckets. */
@@ -50,6 +58,7 @@ enum rl_key_kind {
 	RL_KEY_DST_IP = 2,
 	RL_KEY_SRC_PREFIX = 3,	/* source address masked to prefix4 / prefix6 */
 	RL_KEY_DST_PORT = 4,	/* protocol class and destination port */
+	RL_KEY_DST_PREFIX = 5,	/* destination address masked to prefix4 / prefix6 */
 };
 
 /* Protocol classes of the classifier. */
@@ -67,11 +76,43 @@ enum rl_proto_class {
 	RL_PROTO_ANY_ENTRIES = 2 * RL_PROTO_CLASSES,
 };
 
+/* The direction of the traffic a limit is about, seen from the host or
+ * from the endpoint it protects: ingress is traffic coming in, egress
+ * traffic going out. */
 enum rl_direction {
 	RL_DIR_INGRESS = 0,
 	RL_DIR_EGRESS = 1,
 	RL_DIRECTIONS = 2,
 };
+
+/* Where a limit is enforced. */
+enum rl_attach {
+	RL_ATTACH_UPLINK = 0,	/* the host's uplink interfaces */
+	RL_ATTACH_ENDPOINTS = 1, /* the interfaces of the local endpoints (pods) */
+	RL_ATTACHES = 2,
+};
+
+/* The hooks: one attach point and one direction each, attach x 2 +
+ * direction. A limit is enforced at exactly one hook (rl_config.hook), so no
+ * packet is charged twice for one limit. The direction is the traffic's, not
+ * the kernel hook's: RL_HOOK_ENDPOINT_IN is traffic INTO a local endpoint,
+ * which the host sees leaving through the host side of the endpoint's veth
+ * (its TC egress); RL_HOOK_ENDPOINT_OUT is traffic out of the endpoint (TC
+ * ingress of the host side). */
+enum rl_hook {
+	RL_HOOK_UPLINK_IN = 0,		/* XDP, or TC ingress, of an uplink */
+	RL_HOOK_UPLINK_OUT = 1,		/* TC egress of an uplink */
+	RL_HOOK_ENDPOINT_IN = 2,	/* TC egress of an endpoint's host-side veth */
+	RL_HOOK_ENDPOINT_OUT = 3,	/* TC ingress of an endpoint's host-side veth */
+	RL_HOOKS = 4,
+};
+
+_Static_assert(RL_HOOK_UPLINK_IN == RL_ATTACH_UPLINK * RL_DIRECTIONS + RL_DIR_INGRESS &&
+	       RL_HOOK_UPLINK_OUT == RL_ATTACH_UPLINK * RL_DIRECTIONS + RL_DIR_EGRESS &&
+	       RL_HOOK_ENDPOINT_IN == RL_ATTACH_ENDPOINTS * RL_DIRECTIONS + RL_DIR_INGRESS &&
+	       RL_HOOK_ENDPOINT_OUT == RL_ATTACH_ENDPOINTS * RL_DIRECTIONS + RL_DIR_EGRESS &&
+	       RL_HOOKS == RL_ATTACHES * RL_DIRECTIONS,
+	       "a hook is attach x 2 + direction");
 
 /* Where the data path reads the time. Chosen by user space at load time. */
 enum rl_clock_kind {
@@ -113,8 +154,8 @@ struct rl_limit {
 	__u8 action;	/* enum rl_action */
 	__u8 pad0;
 	__u32 pad1;
-	__u32 prefix4;	/* RL_KEY_SRC_PREFIX: IPv4 netmask, network byte order */
-	__u32 prefix6[4]; /* RL_KEY_SRC_PREFIX: IPv6 netmask, network byte order */
+	__u32 prefix4;	/* RL_KEY_SRC_PREFIX, RL_KEY_DST_PREFIX: IPv4 netmask, network byte order */
+	__u32 prefix6[4]; /* RL_KEY_SRC_PREFIX, RL_KEY_DST_PREFIX: IPv6 netmask, network byte order */
 	struct rl_params params[2];
 	/* Index of the live params. User space writes the other slot and this
 	 * byte in one map update; active is last in the struct so that a reader
@@ -126,7 +167,9 @@ struct rl_limit {
 
 /* Classifier state that is not per-port or per-prefix. One entry. */
 struct rl_config {
-	struct rl_mask dir[RL_DIRECTIONS];	/* limits of each direction */
+	/* The limits enforced at each hook (enum rl_hook). A limit's bit is
+	 * set in one of them: no packet is charged twice for one limit. */
+	struct rl_mask hook[RL_HOOKS];
 	struct rl_mask src_cidr;	/* limits restricted to source CIDRs */
 	struct rl_mask dst_cidr;	/* limits restricted to destination CIDRs */
 	__u32 last_gen;		/* user space: the last limit generation handed out */
@@ -134,6 +177,9 @@ struct rl_config {
 	/* Limits with action drop: a packet matching more limits than
 	 * RL_MAX_MATCH is dropped if one it was not checked against is one. */
 	struct rl_mask drop;
+	/* Limits with unit connections: a packet that is not a connection
+	 * attempt (struct pkt, syn) is none of theirs. */
+	struct rl_mask conn;
 	/* Protect rules (bit i: rule i); see rl_protected. */
 	__u32 protect_rules;	/* rules in use; 0: nothing is protected */
 	__u32 protect_portless;	/* rules that name no port */

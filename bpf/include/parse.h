@@ -21,6 +21,11 @@
  * - A later fragment whose first fragment was seen takes that fragment's
  *   transport fields (frag.h): every fragment of a datagram is charged to the
  *   limits the datagram matches.
+ * - At TC (rl_parse_skb) the headers may sit outside the skb's linear part:
+ *   a parse that runs off its end is done again once after making up to
+ *   RL_PULL_LEN bytes linear. Headers that still run past the linear part
+ *   make the packet L4-unknown, as a frame cut short does at XDP; a packet is
+ *   never passed unclassified because its headers were not linear.
  */
 #ifndef RL_PARSE_H
 #define RL_PARSE_H
@@ -31,6 +36,7 @@
 #include <linux/in.h>
 #include <linux/tcp.h>
 #include <linux/udp.h>
+#include <linux/pkt_cls.h>
 #include "common.h"
 
 #define RL_MAX_VLAN 4		/* tags walked; more make the frame L4-unknown, family 0 */
@@ -42,6 +48,17 @@
 
 #define RL_IP_MF 0x2000		/* IPv4 more fragments */
 #define RL_IP_OFFSET 0x1fff	/* IPv4 fragment offset, 8-byte units */
+
+/* TCP flags, in byte 13 of the header. */
+#define RL_TCP_FIN 0x01
+#define RL_TCP_SYN 0x02
+#define RL_TCP_RST 0x04
+#define RL_TCP_ACK 0x10
+
+/* parse_packet's "the packet ended before its IP header did": at XDP the
+ * frame is whole and the packet passes as any other the kernel drops; at TC
+ * the rest may be outside the linear part (rl_parse_skb). */
+#define RL_PARSE_SHORT -2
 
 struct cursor {
 	void *pos;
@@ -60,11 +77,12 @@ enum rl_frag {
 };
 
 /* What the classifier needs of a packet. Addresses are 128-bit, IPv4 mapped
- * as ::ffff:a.b.c.d, in network byte order. */
+ * as ::ffff:a.b.c.d, in network byte order. Kept small: it sits on the
+ * stack of every program, next to the decision's frames. */
 struct pkt {
 	__u32 src[4];
 	__u32 dst[4];
-	__u32 len;		/* frame length */
+	__u32 len;		/* bytes on the wire: the frame; at TC, see rl_skb_wire */
 	__u32 frag_id;		/* fragments: the IP identification */
 	__u16 sport;		/* host byte order; valid when has_ports */
 	__u16 dport;
@@ -81,6 +99,15 @@ struct pkt {
 	__u8 proto;		/* IP protocol number (of the transport header) */
 	__u16 frag_start;	/* fragments: offset, 8-byte units */
 	__u16 frag_len;		/* fragments: bytes of the datagram this one carries */
+	__u16 segs;		/* segments: 1, or at TC a GSO/GRO packet's (rl_skb_wire) */
+	/* Bytes from the start of the frame to the end of the transport header
+	 * (to its start when there is none or it was not read): what each
+	 * segment of a GSO/GRO packet repeats. */
+	__u16 hdr_len;
+	/* A TCP SYN without ACK, RST or FIN, its whole header read: a
+	 * connection attempt (RL_UNIT_CONNECTIONS). */
+	__u8 syn;
+	__u8 pad;
 };
 
 static __always_inline bool parse_is_vlan(__u16 proto)
@@ -91,15 +118,15 @@ static __always_inline bool parse_is_vlan(__u16 proto)
 /* More VLAN tags than RL_MAX_VLAN: not an ethertype (those are 16 bits). */
 #define RL_ETH_TOO_MANY_TAGS 0x10000
 
-/* Returns the ethertype after the VLAN tags, -1 if the frame is too short,
- * or RL_ETH_TOO_MANY_TAGS. */
+/* Returns the ethertype after the VLAN tags, RL_PARSE_SHORT if the frame
+ * ends first, or RL_ETH_TOO_MANY_TAGS. */
 static __always_inline int parse_eth(struct cursor *c, void *end)
 {
 	struct ethhdr *eth = c->pos;
 	__u16 proto;
 
 	if ((void *)(eth + 1) > end)
-		return -1;
+		return RL_PARSE_SHORT;
 	c->pos = eth + 1;
 	proto = eth->h_proto;
 
@@ -110,7 +137,7 @@ static __always_inline int parse_eth(struct cursor *c, void *end)
 		if (!parse_is_vlan(proto))
 			break;
 		if ((void *)(vh + 1) > end)
-			return -1;
+			return RL_PARSE_SHORT;
 		c->pos = vh + 1;
 		proto = vh->encap_proto;
 	}
@@ -119,8 +146,9 @@ static __always_inline int parse_eth(struct cursor *c, void *end)
 	return bpf_ntohs(proto);
 }
 
-/* Returns the L4 protocol. *l3_end is where the IP datagram ends (its total
- * length), as an offset from data. */
+/* Returns the L4 protocol, RL_PARSE_SHORT if the frame ends inside the
+ * header, or -1 for a header the kernel drops. *l3_end is where the IP
+ * datagram ends (its total length), as an offset from data. */
 static __always_inline int parse_ipv4(struct cursor *c, void *data, void *end, struct pkt *p,
 				      __u32 *l3_end)
 {
@@ -129,13 +157,13 @@ static __always_inline int parse_ipv4(struct cursor *c, void *data, void *end, s
 	__u16 frag;
 
 	if ((void *)(ip + 1) > end)
-		return -1;
+		return RL_PARSE_SHORT;
 	hlen = ip->ihl * 4;
 	tot = bpf_ntohs(ip->tot_len);
 	if (ip->version != 4 || hlen < sizeof(*ip) || tot < hlen)
 		return -1;
 	if (c->pos + hlen > end)
-		return -1;
+		return RL_PARSE_SHORT;
 	*l3_end = (c->pos - data) + tot;
 	c->pos += hlen;
 
@@ -169,7 +197,8 @@ struct ipv6_exthdr {
 };
 
 /* Returns the L4 protocol, or 0 (with l4_unknown set) when the chain is too
- * long, cut short, or holds a header that is not walked. */
+ * long, cut short, or holds a header that is not walked; RL_PARSE_SHORT if
+ * the frame ends inside the fixed header, -1 for a version the kernel drops. */
 static __always_inline int parse_ipv6(struct cursor *c, void *data, void *end, struct pkt *p,
 				      __u32 *l3_end)
 {
@@ -178,7 +207,7 @@ static __always_inline int parse_ipv6(struct cursor *c, void *data, void *end, s
 	int nexthdr;
 
 	if ((void *)(ip6 + 1) > end)
-		return -1;
+		return RL_PARSE_SHORT;
 	if (ip6->version != 6)
 		return -1;
 	c->pos = ip6 + 1;
@@ -276,6 +305,7 @@ static __always_inline void parse_l4(struct cursor *c, void *data, void *end, st
 	struct udphdr *uh = c->pos;	/* TCP ports sit where UDP's do */
 	__u32 need;
 
+	p->hdr_len = off;
 	switch (p->proto) {
 	case IPPROTO_TCP:
 		p->pclass = RL_PROTO_TCP;
@@ -302,10 +332,22 @@ static __always_inline void parse_l4(struct cursor *c, void *data, void *end, st
 	p->sport = bpf_ntohs(uh->source);
 	p->dport = bpf_ntohs(uh->dest);
 	p->has_ports = 1;
+	if (p->pclass == RL_PROTO_TCP) {
+		struct tcphdr *th = c->pos;
+		__u8 flags = ((__u8 *)th)[13];
+		__u32 doff = th->doff * 4;
+
+		p->syn = (flags & (RL_TCP_SYN | RL_TCP_ACK | RL_TCP_RST | RL_TCP_FIN)) == RL_TCP_SYN;
+		/* The options are repeated in every segment; a data offset
+		 * below the fixed header is one the kernel drops. */
+		need = doff > need ? doff : need;
+	}
+	p->hdr_len = off + need;
 }
 
-/* Fills p from the packet. Returns 0, or -1 when the packet is not IP or its
- * IP header is one the kernel drops, in which case it passes untouched. */
+/* Fills p from the packet. Returns 0; -1 when the packet is not IP or its
+ * IP header is one the kernel drops, in which case it passes untouched; or
+ * RL_PARSE_SHORT when it ends before its IP header does. */
 static __always_inline int parse_packet(void *data, void *end, struct pkt *p)
 {
 	struct cursor c = { .pos = data };
@@ -313,6 +355,7 @@ static __always_inline int parse_packet(void *data, void *end, struct pkt *p)
 	int proto;
 
 	p->len = end - data;
+	p->segs = 1;
 	proto = parse_eth(&c, end);
 	if (proto == RL_ETH_TOO_MANY_TAGS) {
 		/* More VLAN tags than walked: neither addresses nor ports. */
@@ -324,18 +367,104 @@ static __always_inline int parse_packet(void *data, void *end, struct pkt *p)
 		proto = parse_ipv4(&c, data, end, p, &l3_end);
 	else if (proto == ETH_P_IPV6)
 		proto = parse_ipv6(&c, data, end, p, &l3_end);
-	else
+	else if (proto != RL_PARSE_SHORT)
 		return -1;
 	if (proto < 0)
-		return -1;
+		return proto;
 	if (p->l4_unknown && proto == 0) {
 		/* The IPv6 chain hid the protocol. */
 		p->pclass = RL_PROTO_UNKNOWN;
+		p->hdr_len = c.pos - data;
 		return 0;
 	}
 	p->proto = proto;
 	parse_l4(&c, data, end, p, l3_end);
 	return 0;
+}
+
+/* How much of an skb rl_linearize makes linear when its headers are not:
+ * every IPv4 header stack the parser reads (Ethernet, four VLAN tags, a
+ * 60-byte IPv4 header and a 60-byte TCP header: 150 bytes) and IPv6 chains
+ * of up to ~900 bytes of extension headers, while the copy stays under a
+ * kilobyte. Longer chains are dropped by most networks (RFC 9098) and are
+ * L4-unknown here: charged to more limits, never to fewer. */
+#define RL_PULL_LEN 1024
+
+/* Makes the headers of a packet whose bytes are not all linear (skb->len
+ * above data_end - data) readable: parses the linear part and, if that ran
+ * off its end (RL_PARSE_SHORT, or L4-unknown), makes up to RL_PULL_LEN
+ * bytes linear with bpf_skb_pull_data. Returns RL_PARSE_SHORT if the pull
+ * failed (no memory) for a packet whose IP header was not reached, else 0.
+ *
+ * Drivers that leave headers in page fragments and packet sockets (a
+ * PACKET_VNET_HDR sender's skb is linear for its Ethernet header only) make
+ * such skbs. Most non-linear skbs (GSO on egress, GRO on ingress) have
+ * their headers linear: they pay this parse and no pull.
+ *
+ * A global function, called before the program's own parse, with nothing
+ * but the skb: verified once on its own. A second parse written after the
+ * first (or a loop around one) had the verifier walk the decision again
+ * for the paths of the first, past its 1M-instruction limit; a global
+ * function given the caller's struct pkt counts as a read of the whole
+ * struct and stops the pruning of the parse's paths. */
+__noinline int rl_linearize(struct __sk_buff *skb)
+{
+	struct pkt p = {};
+	__u32 len;
+	int ret;
+
+	if (!skb)
+		return 0;
+	len = skb->len;
+	ret = parse_packet((void *)(long)skb->data, (void *)(long)skb->data_end, &p);
+	if (ret != RL_PARSE_SHORT && !(ret == 0 && p.l4_unknown))
+		return 0;	/* the headers are linear */
+	if (bpf_skb_pull_data(skb, len < RL_PULL_LEN ? len : RL_PULL_LEN) == 0)
+		return 0;
+	return ret == RL_PARSE_SHORT ? RL_PARSE_SHORT : 0;
+}
+
+/* Fills p from an skb (TC): rl_linearize first if some of the packet is
+ * outside the linear part, then the parse. A packet whose headers still
+ * run past the linear part is L4-unknown (parse.h NOTE), and one whose
+ * headers could not be made linear at all is L4-unknown without addresses:
+ * never passed unclassified. Returns what parse_packet returns. */
+static __always_inline int rl_parse_skb(struct __sk_buff *skb, struct pkt *p)
+{
+	if (__builtin_expect(skb->len > skb->data_end - skb->data, 0) &&
+	    rl_linearize(skb) == RL_PARSE_SHORT) {
+		p->segs = 1;
+		p->pclass = RL_PROTO_UNKNOWN;
+		p->l4_unknown = 1;
+		return 0;
+	}
+	/* Read after rl_linearize: a pull moves the packet. */
+	return parse_packet((void *)(long)skb->data, (void *)(long)skb->data_end, p);
+}
+
+/* Segments and wire bytes of an skb whose headers p describes. A GSO
+ * packet (egress) or a GRO one (ingress) is one skb for gso_segs segments,
+ * each of which repeats the headers up to the end of the transport header
+ * (hdr_len) on the wire. A GSO packet whose sender did not count its
+ * segments (gso_segs 0, gso_size set: SKB_GSO_DODGY, from a VM or a packet
+ * socket) gets them from its payload, as the kernel's qdisc_pkt_len_init
+ * does. */
+static __always_inline void rl_skb_wire(const struct __sk_buff *skb, struct pkt *p)
+{
+	__u32 len = skb->len;
+	__u32 segs = skb->gso_segs;
+	__u32 size = skb->gso_size;
+	__u64 wire;
+
+	if (!segs && size && len > p->hdr_len)
+		segs = (len - p->hdr_len + size - 1) / size;
+	if (segs < 1)
+		segs = 1;
+	if (segs > 0xffff)
+		segs = 0xffff;
+	wire = len + (__u64)(segs - 1) * p->hdr_len;
+	p->segs = segs;
+	p->len = wire < 0xffffffffULL ? wire : 0xffffffffU;
 }
 
 #endif /* RL_PARSE_H */
