@@ -35,7 +35,7 @@ BPF_PACKAGES := clang llvm libbpf-dev
 # Tests read this to turn "needs root" and "kernel lacks X" skips into failures (CI sets it).
 export RLAGENT_REQUIRE_ROOT_TESTS
 
-.PHONY: help deps-bpf generate verify-generate build test test-k8s test-fuzz bench demo clean
+.PHONY: help deps-bpf deps-test generate verify-generate build test test-k8s test-fuzz bench demo clean
 
 help: ## list targets and variables
 	@echo 'Usage: make <target> [VAR=value ...]'
@@ -58,6 +58,23 @@ deps-bpf: ## install clang, llvm-strip and libbpf headers with apt-get if any is
 	echo 'deps-bpf: installing $(BPF_PACKAGES)'; \
 	apt-get update && \
 	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $(BPF_PACKAGES)
+
+# Debian packages the privileged tests run: nft (package nftables) loads the DNAT rules of
+# internal/nettest's topologies, inside their own network namespaces only.
+TEST_PACKAGES := nftables
+
+deps-test: ## install the tools the privileged tests run (nft, package nftables) with apt-get if missing (root only)
+	@if command -v nft >/dev/null || [ -x /usr/sbin/nft ]; then exit 0; fi; \
+	if [ "$$(id -u)" -ne 0 ]; then \
+		echo 'deps-test: nft is missing; the tests that need it run only as root, which can install it: apt-get install $(TEST_PACKAGES)' >&2; \
+		exit 0; \
+	fi; \
+	if ! command -v apt-get >/dev/null; then \
+		echo 'deps-test: nft is missing: install the package $(TEST_PACKAGES).' >&2; \
+		exit 1; \
+	fi; \
+	echo 'deps-test: installing $(TEST_PACKAGES)'; \
+	apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $(TEST_PACKAGES)
 
 generate: deps-bpf ## regenerate bpf/ (bpf2go), the api/ deepcopy code and deploy/crd.yaml (controller-gen)
 	$(GO) generate ./bpf/...
@@ -85,7 +102,7 @@ build: ## go build ./... and bin/rlagent (version from git describe)
 	$(GO) build ./...
 	$(GO) build -ldflags '-X main.version=$(VERSION)' -o bin/rlagent ./cmd/rlagent
 
-test: ## go vet and go test ./... (as root the BPF and end-to-end tests run; includes test-k8s; RLAGENT_REQUIRE_ROOT_TESTS=1 makes skips fail)
+test: deps-test ## go vet and go test ./... (as root the BPF and end-to-end tests run; includes test-k8s; RLAGENT_REQUIRE_ROOT_TESTS=1 makes skips fail)
 	$(GO) vet ./...
 	$(GO) run ./internal/k8stest/k8sbin >/dev/null
 	$(GO) test -count=1 $(TESTFLAGS) ./...
@@ -137,7 +154,7 @@ vmtest: deps-vm ## as root: bpf/, maps/ and test/e2e/ in a VM per kernel of KERN
 	CGO_ENABLED=0 $(GO) build -o $(VMTEST_BIN)/vminit ./test/vmtests/cmd/vminit
 	$(GO) build -o $(VMTEST_BIN)/vmtest ./test/vmtests/cmd/vmtest
 	$(VMTEST_BIN)/vmtest $(addprefix -kernel ,$(KERNELS)) -init $(VMTEST_BIN)/vminit \
-		-rlagent $(VMTEST_BIN)/rlagent -env RLAGENT_E2E_GLOBAL_RATE=$(VMTEST_RATE) \
+		-rlagent $(VMTEST_BIN)/rlagent -env RLAGENT_E2E_GLOBAL_RATE=$(VMTEST_RATE) -env RLAGENT_VMTEST=1 \
 		-suite '$(VMTEST_BIN)/bpf.test $(VMTEST_TESTFLAGS)' \
 		-suite '$(VMTEST_BIN)/maps.test $(VMTEST_TESTFLAGS)' \
 		-suite '$(VMTEST_BIN)/e2e.test $(VMTEST_TESTFLAGS)'

@@ -5,7 +5,10 @@
 //
 // Everything here is done with netlink and setns from Go, never with
 // external commands (ip, nsenter), so that the same tests run inside a
-// minimal VM whose /init is a static Go program.
+// minimal VM whose /init is a static Go program. The one exception: a
+// Topology with a Service runs the nft binary (package nftables, installed
+// by make deps-test) inside its node namespace for the DNAT rules; those
+// tests stay on the host.
 //
 // Lifetimes. A namespace lives while its handle (NS), a socket opened in it,
 // or a process running in it lives: the namespaces are not named (nothing in

@@ -60,6 +60,21 @@ func SkipOrFail(tb testing.TB, format string, args ...any) {
 	tb.Skip(reason)
 }
 
+// VMTestEnv is set to 1 in the VMs of make vmtest (test/vmtests).
+const VMTestEnv = "RLAGENT_VMTEST"
+
+// HostOnly skips tb inside make vmtest's VMs, whose minimal userland lacks
+// what the test needs (why: "the nft binary", "the bridge module"); the
+// host's make test runs it. It is a skip in the VM even with
+// RLAGENT_REQUIRE_ROOT_TESTS=1: the README's kernel table lists these tests
+// as host-only.
+func HostOnly(tb testing.TB, why string) {
+	tb.Helper()
+	if os.Getenv(VMTestEnv) == "1" {
+		tb.Skip("host only (make test): the VM lacks " + why)
+	}
+}
+
 // BPFFS returns a path, not yet created, on a BPF filesystem private to the
 // test: a fresh directory under /sys/fs/bpf when that is a bpffs, otherwise
 // a bpffs mounted on a temporary directory. Both go away in Cleanup.
