@@ -30,6 +30,11 @@ type Options struct {
 	// /var/run/netns and /run/netns, where ip netns and CNI plugins bind
 	// them)
 	NetnsDirs []string
+	// SkipPeerNetns leaves the pod side's namespace and name out of the
+	// Endpoints found (Peer.Netns, Peer.Iface): finding them searches
+	// /proc, which a caller that never attaches inside pods (endpointHook
+	// host) need not pay for at every look-up. (Optional; default false)
+	SkipPeerNetns bool
 }
 
 // Attacher attaches programs to Points and finds the Points where
@@ -41,6 +46,7 @@ type Attacher struct {
 	log         *slog.Logger
 	forceClsact bool
 	netnsDirs   []string
+	skipPeerNS  bool
 
 	// mu serialises Attach and Detach: two of them on one hook would race
 	// between reading its pin and writing it.
@@ -52,7 +58,7 @@ type Attacher struct {
 // New returns an Attacher. It touches nothing: a reader (rlagent status)
 // may create one to call Alive.
 func New(o Options) *Attacher {
-	a := &Attacher{pinDir: o.PinDir, log: o.Log, forceClsact: o.ForceClsact, netnsDirs: o.NetnsDirs}
+	a := &Attacher{pinDir: o.PinDir, log: o.Log, forceClsact: o.ForceClsact, netnsDirs: o.NetnsDirs, skipPeerNS: o.SkipPeerNetns}
 	if a.log == nil {
 		a.log = slog.New(slog.DiscardHandler)
 	}

@@ -360,7 +360,7 @@ func (f *finder) peers(eps []Endpoint) {
 		}
 		want[e.Peer.NetnsID] = true
 	}
-	if len(want) == 0 {
+	if len(want) == 0 || f.a.skipPeerNS {
 		return
 	}
 	paths := f.findNetns(want)

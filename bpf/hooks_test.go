@@ -11,6 +11,7 @@ import (
 	"github.com/cilium/ebpf/btf"
 
 	"github.com/rlagent/rlagent/bpf"
+	"github.com/rlagent/rlagent/internal/testenv"
 	"github.com/rlagent/rlagent/maps"
 )
 
@@ -51,11 +52,49 @@ var (
 // hookDatapath loads the whole data path (TC programs too) with the test
 // clock, unpinned. testDatapath loads the XDP programs only, which the
 // verifier takes a fifth of the time for.
+//
+// With -short (make vmtest passes it: under software emulation the
+// verifier takes seconds a program) one data path serves every test of the
+// binary, emptied between them (sharedDatapath).
 func hookDatapath(tb testing.TB) *maps.Datapath {
 	tb.Helper()
+	if testing.Short() {
+		return sharedDatapath(tb)
+	}
 	d := newDatapath(tb, maps.Options{Clock: maps.ClockTest})
 	setClock(tb, d, 1e9, 0)
 	return d
+}
+
+// shared is the data path hookDatapath hands out with -short: loaded once,
+// never closed (the test binary's exit frees it).
+var shared *maps.Datapath
+
+// sharedDatapath empties shared as a new one would be: no limits (deleting
+// one drops its buckets and counters), no protect rules, an empty fragment
+// table, the clock at 1 s. The global counters go on counting: the tests
+// read them as differences (globals, minus).
+func sharedDatapath(tb testing.TB) *maps.Datapath {
+	tb.Helper()
+	testenv.RequireRoot(tb)
+	if shared == nil {
+		d, err := maps.Load(maps.Options{Clock: maps.ClockTest})
+		if err != nil {
+			tb.Fatalf("load data path: %v", err)
+		}
+		shared = d
+	}
+	for _, id := range shared.IDs() {
+		if err := shared.DeleteLimit(id); err != nil {
+			tb.Fatalf("empty the shared data path: delete limit %d: %v", id, err)
+		}
+	}
+	if err := shared.SetProtected(nil); err != nil {
+		tb.Fatalf("empty the shared data path: %v", err)
+	}
+	clearMap(tb, fragTable(tb, shared))
+	setClock(tb, shared, 1e9, 0)
+	return shared
 }
 
 // fresh sets limit id of d to l with new, full buckets, the test clock to

@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"testing"
 	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/rlagent/rlagent/internal/nettest"
@@ -160,9 +162,18 @@ func (p *skbProbe) read(tb testing.TB) (all, short uint64) {
 }
 
 // attachTCX attaches progs, in this order, to ifname's TC hook in ns with
-// tcx, until tb ends.
+// tcx, or, before Linux 6.6, as direct-action filters of a clsact qdisc in
+// the same order (priorities 1, 2, ...), until tb ends (the qdisc goes with
+// the test's namespace).
 func attachTCX(tb testing.TB, ns *nettest.NS, ifname string, at ebpf.AttachType, progs ...*ebpf.Program) {
 	tb.Helper()
+	if os.Getenv("RLAGENT_TEST_CLSACT") == "1" {
+		// The path of 6.1-6.5, on a kernel with tcx.
+		if err := attachClsact(tb, ns, ifname, at, progs); err != nil {
+			tb.Fatalf("attach to %s in %s: %v", ifname, ns.Name, err)
+		}
+		return
+	}
 	err := ns.Do(func() error {
 		ifc, err := net.InterfaceByName(ifname)
 		if err != nil {
@@ -178,11 +189,49 @@ func attachTCX(tb testing.TB, ns *nettest.NS, ifname string, at ebpf.AttachType,
 		return nil
 	})
 	if errors.Is(err, link.ErrNotSupported) {
-		testenv.SkipOrFail(tb, "tcx needs Linux 6.6: %v", err)
+		err = attachClsact(tb, ns, ifname, at, progs)
 	}
 	if err != nil {
 		tb.Fatalf("attach to %s in %s: %v", ifname, ns.Name, err)
 	}
+}
+
+// attachClsact is attachTCX's way before tcx. The qdisc, and the filters
+// with it, go when tb ends.
+func attachClsact(tb testing.TB, ns *nettest.NS, ifname string, at ebpf.AttachType, progs []*ebpf.Program) error {
+	nl, err := ns.Netlink()
+	if err != nil {
+		return err
+	}
+	defer nl.Close()
+	l, err := nl.LinkByName(ifname)
+	if err != nil {
+		return err
+	}
+	idx := l.Attrs().Index
+	q := &netlink.GenericQdisc{QdiscAttrs: netlink.QdiscAttrs{LinkIndex: idx, Handle: netlink.MakeHandle(0xffff, 0),
+		Parent: netlink.HANDLE_CLSACT}, QdiscType: "clsact"}
+	if err := nl.QdiscReplace(q); err != nil {
+		return fmt.Errorf("clsact: %w", err)
+	}
+	tb.Cleanup(func() {
+		if nl, err := ns.Netlink(); err == nil {
+			nl.QdiscDel(q)
+			nl.Close()
+		}
+	})
+	parent := uint32(netlink.HANDLE_MIN_INGRESS)
+	if at == ebpf.AttachTCXEgress {
+		parent = netlink.HANDLE_MIN_EGRESS
+	}
+	for i, p := range progs {
+		f := &netlink.BpfFilter{FilterAttrs: netlink.FilterAttrs{LinkIndex: idx, Parent: parent, Handle: 1,
+			Protocol: unix.ETH_P_ALL, Priority: uint16(i + 1)}, Fd: p.FD(), Name: fmt.Sprintf("test%d", i), DirectAction: true}
+		if err := nl.FilterReplace(f); err != nil {
+			return fmt.Errorf("filter %d: %w", i, err)
+		}
+	}
+	return nil
 }
 
 // nonlinearPair is a veth pair whose MTU lets a frame larger than a page
