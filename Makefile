@@ -133,7 +133,9 @@ demo: ## as root: rate-limit real UDP between two network namespaces while the r
 #: VMTEST_TESTFLAGS=-test.v -test.timeout=8m  flags for every suite in the VMs, e.g. add -test.run TestX
 KERNELS ?= 6.1 6.12
 VMTEST_RATE ?= 800
-VMTEST_TESTFLAGS ?= -test.v -test.timeout=8m
+# -test.short: bpf/ shares one loaded data path among its tests (the verifier
+# takes seconds a program under software emulation).
+VMTEST_TESTFLAGS ?= -test.v -test.short -test.timeout=14m
 VMTEST_BIN := bin/vmtest
 
 .PHONY: vmtest deps-vm
@@ -153,7 +155,7 @@ vmtest: deps-vm ## as root: bpf/, maps/ and test/e2e/ in a VM per kernel of KERN
 	CGO_ENABLED=0 $(GO) build -ldflags '-X main.version=$(VERSION)' -o $(VMTEST_BIN)/rlagent ./cmd/rlagent
 	CGO_ENABLED=0 $(GO) build -o $(VMTEST_BIN)/vminit ./test/vmtests/cmd/vminit
 	$(GO) build -o $(VMTEST_BIN)/vmtest ./test/vmtests/cmd/vmtest
-	$(VMTEST_BIN)/vmtest $(addprefix -kernel ,$(KERNELS)) -init $(VMTEST_BIN)/vminit \
+	$(VMTEST_BIN)/vmtest $(addprefix -kernel ,$(KERNELS)) -timeout 25m -init $(VMTEST_BIN)/vminit \
 		-rlagent $(VMTEST_BIN)/rlagent -env RLAGENT_E2E_GLOBAL_RATE=$(VMTEST_RATE) -env RLAGENT_VMTEST=1 \
 		-suite '$(VMTEST_BIN)/bpf.test $(VMTEST_TESTFLAGS)' \
 		-suite '$(VMTEST_BIN)/maps.test $(VMTEST_TESTFLAGS)' \

@@ -13,11 +13,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cilium/ebpf/link"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/rlagent/rlagent/api/v1alpha1"
+	"github.com/rlagent/rlagent/attach"
 	"github.com/rlagent/rlagent/maps"
 	"github.com/rlagent/rlagent/watcher"
 )
@@ -56,19 +56,20 @@ type Agent struct {
 	mu      sync.Mutex // guards everything below
 	cfg     *v1alpha1.Config
 	dp      *maps.Datapath
-	links   map[string]link.Link
+	att     *attach.Attacher // keeps no handles: the pins are its state
 	source  watcher.Source
 	stopSrc context.CancelFunc
 	k8s     *watcher.Kubernetes
 	ids     map[string]uint32     // limit name -> id
 	applied map[uint32]maps.Limit // what was last written, by id
 	meta    map[uint32]maps.Meta
-	pending map[uint32]counterSnap // counters read at the last tick
-	warned  map[string]string      // limit name -> last warning logged
-	protect protectState           // protect rules written (own lock)
-	lock    *pinLock               // the pin directory's, for the agent's life
-	ifState map[string]InterfaceStatus
-	health  health // own lock: the probes never wait for a reconcile
+	pending map[uint32]counterSnap     // counters read at the last tick
+	warned  map[string]string          // limit name -> last warning logged
+	protect protectState               // protect rules written (own lock)
+	lock    *pinLock                   // the pin directory's, for the agent's life
+	ifState map[string]InterfaceStatus // by attach.Point
+	logged  map[string]bool            // warnings logged once (logOnce)
+	health  health                     // own lock: the probes never wait for a reconcile
 
 	reconcileErrors prometheus.Counter
 
@@ -102,7 +103,6 @@ func Run(ctx context.Context, opts Options) error {
 	a := &Agent{
 		opts:      opts,
 		log:       opts.Log,
-		links:     make(map[string]link.Link),
 		ids:       make(map[string]uint32),
 		applied:   make(map[uint32]maps.Limit),
 		meta:      make(map[uint32]maps.Meta),
@@ -214,6 +214,9 @@ func (a *Agent) start(ctx context.Context, cfg *v1alpha1.Config) error {
 	}
 	a.dp = dp
 	a.cfg = cfg
+	// The pod side of an endpoint is looked for only where it is used.
+	a.att = attach.New(attach.Options{PinDir: cfg.PinDir, Log: a.log,
+		SkipPeerNetns: cfg.EndpointHook != v1alpha1.EndpointHookPod})
 	// Adopt what an earlier agent left: names and ids from the pins.
 	for _, id := range pinnedIDs(dp) {
 		m, err := dp.Meta(id)
@@ -245,40 +248,11 @@ func (a *Agent) start(ctx context.Context, cfg *v1alpha1.Config) error {
 	if err := a.reconcileRecorded(); err != nil {
 		return err
 	}
-	return a.attach(cfg.Interfaces)
-}
-
-// attach attaches the data path to every interface of ifaces (adopting
-// the links an earlier agent pinned) and detaches the pinned links of
-// interfaces not in ifaces, which an earlier agent's config had. An
-// interface that cannot be attached fails it: at start, a config that names
-// an interface that is not there is rejected. Callers hold a.mu.
-func (a *Agent) attach(ifaces []string) error {
-	for _, iface := range ifaces {
-		st, err := a.syncLink(iface)
-		if err != nil {
-			return err
-		}
-		a.setState(st)
-	}
-	pinned, err := pinnedLinks(a.cfg.PinDir)
-	if err != nil {
-		return err
-	}
-	for _, iface := range pinned {
-		if slices.Contains(ifaces, iface) {
-			continue
-		}
-		if l, ok := a.links[iface]; ok {
-			l.Close()
-			delete(a.links, iface)
-		}
-		if err := detachXDP(iface, a.cfg.PinDir); err != nil {
-			return err
-		}
-		a.log.Info("detached XDP", "interface", iface)
-	}
-	return nil
+	// The configured interfaces must attach: a config that names one that
+	// is not there is rejected at the start. (The reconcile attached them
+	// already, unless a cluster agent's caches are not synced yet; then the
+	// pinned hooks stay as an earlier agent left them, none detached.)
+	return a.syncLinks(a.placements(a.appliedLimits(), a.outcomePoints()), false)
 }
 
 func (a *Agent) startSource(ctx context.Context, c v1alpha1.CountSource) {
@@ -311,9 +285,6 @@ func (a *Agent) close() {
 	defer a.mu.Unlock()
 	if a.stopSrc != nil {
 		a.stopSrc()
-	}
-	for _, l := range a.links {
-		l.Close()
 	}
 	if a.dp != nil {
 		a.dp.Close()
@@ -394,10 +365,11 @@ func fileStamp(path string) stamp {
 //
 // What can fail is done first and undone on failure: the interfaces the new
 // config adds are attached before any limit changes (they enforce the
-// limits in force until the reconcile), and detached again if the
-// reconcile fails; the interfaces it drops are detached last, once nothing
-// can fail any more. An interface of both configs that is missing right now
-// is not a reason to reject: the link watcher attaches it when it is back.
+// limits in force until the reconcile), and detached again if one of them
+// cannot be attached or the reconcile fails; the hooks of the interfaces it
+// drops are detached by the reconcile, once nothing can fail any more. An
+// interface of both configs that is missing right now is not a reason to
+// reject: the link watcher attaches it when it is back.
 func (a *Agent) reload(ctx context.Context) error {
 	cfg, err := loadConfig(a.opts)
 	if err != nil {
@@ -412,32 +384,42 @@ func (a *Agent) reload(ctx context.Context) error {
 	if cfg.PinDir != old.PinDir || cfg.MaxBuckets != old.MaxBuckets {
 		return errors.New("pinDir and maxBuckets take effect on restart only: restore them or restart the agent")
 	}
-	var added []string
+	// The new interfaces' hooks, attached with the limits now in force.
+	a.cfg = cfg
+	oldAtt := a.att
+	if cfg.EndpointHook != old.EndpointHook {
+		// The Attacher keeps no handles: a new one looks for the pods'
+		// sides or not, as the new endpointHook needs.
+		a.att = attach.New(attach.Options{PinDir: cfg.PinDir, Log: a.log,
+			SkipPeerNetns: cfg.EndpointHook != v1alpha1.EndpointHookPod})
+	}
+	var added []placement
+	for _, p := range a.placements(a.appliedLimits(), nil) {
+		if !slices.Contains(old.Interfaces, p.point.Iface) {
+			added = append(added, p)
+		}
+	}
 	undoAttach := func() {
-		for _, iface := range added {
-			a.closeLink(iface)
-			if err := detachXDP(iface, a.cfg.PinDir); err != nil {
-				a.log.Error("rolling back a rejected config", "interface", iface, "error", err)
+		for _, p := range added {
+			for _, k := range []attach.Kind{p.point.Kind, attach.TCIngress} { // TCIngress: an xdpFallback
+				if err := a.att.Detach(attach.Point{Iface: p.point.Iface, Kind: k}); err != nil {
+					a.log.Error("rolling back a rejected config", "interface", p.point.Iface, "error", err)
+				}
 			}
 		}
 	}
-	for _, iface := range cfg.Interfaces {
-		if slices.Contains(old.Interfaces, iface) {
-			continue
-		}
-		if _, err := a.syncLink(iface); err != nil {
-			undoAttach()
-			return err
-		}
-		added = append(added, iface)
+	if err := a.syncLinks(added, false); err != nil {
+		a.cfg, a.att = old, oldAtt
+		undoAttach()
+		a.syncLinks(a.placements(a.appliedLimits(), a.outcomePoints()), true)
+		return err
 	}
 
-	a.cfg = cfg
 	if !reflect.DeepEqual(cfg.Count, old.Count) {
 		a.startSource(ctx, cfg.Count)
 	}
 	if err := a.reconcileRecorded(); err != nil {
-		a.cfg = old
+		a.cfg, a.att = old, oldAtt
 		if !reflect.DeepEqual(cfg.Count, old.Count) {
 			a.startSource(ctx, old.Count)
 		}
@@ -450,18 +432,6 @@ func (a *Agent) reload(ctx context.Context) error {
 		return err
 	}
 	a.applyProtect("reload")
-	for _, iface := range old.Interfaces {
-		if slices.Contains(cfg.Interfaces, iface) {
-			continue
-		}
-		a.closeLink(iface)
-		if err := detachXDP(iface, cfg.PinDir); err != nil {
-			a.log.Error("detach an interface the config dropped", "interface", iface, "error", err)
-			continue
-		}
-		a.log.Info("detached XDP", "interface", iface)
-	}
-	a.syncLinks()
 	a.log.Info("config applied", "path", a.opts.ConfigPath, "limits", len(cfg.Limits))
 	return nil
 }

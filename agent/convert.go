@@ -35,6 +35,8 @@ func toMapsLimit(in *v1alpha1.RateLimitSpec, share Share) (maps.Limit, error) {
 		l.Unit = maps.Bytes
 	case v1alpha1.UnitPackets:
 		l.Unit = maps.Packets
+	case v1alpha1.UnitConnections:
+		l.Unit = maps.Connections
 	default:
 		return maps.Limit{}, fmt.Errorf("unit: %q is not supported by the data path", spec.Unit)
 	}
@@ -55,14 +57,27 @@ func toMapsLimit(in *v1alpha1.RateLimitSpec, share Share) (maps.Limit, error) {
 		l.Key = maps.KeyDstIP
 	case v1alpha1.KeyDstPort:
 		l.Key = maps.KeyDstPort
-	case v1alpha1.KeySrcPrefix:
+	case v1alpha1.KeySrcPrefix, v1alpha1.KeyDstPrefix:
 		l.Key = maps.KeySrcPrefix
-		// Default gave a src-prefix key both lengths.
+		if spec.Key == v1alpha1.KeyDstPrefix {
+			l.Key = maps.KeyDstPrefix
+		}
+		// Default gave a prefix key both lengths.
 		l.Prefix4, l.Prefix6 = spec.PrefixLength.IPv4, spec.PrefixLength.IPv6
 	default:
 		return maps.Limit{}, fmt.Errorf("key: %q is not supported by the data path", spec.Key)
 	}
 
+	// Where the limit runs: the caller has resolved endpoints to uplink
+	// where the endpoints have no interface of their own.
+	switch spec.Attach {
+	case v1alpha1.AttachUplink:
+		l.Match.Attach = maps.Uplink
+	case v1alpha1.AttachEndpoints:
+		l.Match.Attach = maps.Endpoints
+	default:
+		return maps.Limit{}, fmt.Errorf("attach: %q is not supported by the data path", spec.Attach)
+	}
 	m := &spec.Match
 	switch m.Direction {
 	case v1alpha1.DirectionIngress:

@@ -119,7 +119,7 @@ func (h *health) readiness() (problems, notes []string) {
 	var own []string
 	for _, s := range h.ifaces {
 		if s.State != StateAttached {
-			own = append(own, fmt.Sprintf("interface %s: %s", s.Name, s))
+			own = append(own, fmt.Sprintf("interface %s: %s", s.where(), s))
 		}
 	}
 	problems = append(own, problems...)
@@ -200,7 +200,7 @@ func (h *health) Collect(ch chan<- prometheus.Metric) {
 		if s.State == StateAttached {
 			v = 1
 		}
-		ch <- prometheus.MustNewConstMetric(descInterfaceAttached, prometheus.GaugeValue, v, s.Name, s.Mode)
+		ch <- prometheus.MustNewConstMetric(descInterfaceAttached, prometheus.GaugeValue, v, s.Name, s.Hook, s.Program, s.Mode)
 	}
 	if !h.reconciled.IsZero() {
 		ch <- prometheus.MustNewConstMetric(descReconcileLastSuccess, prometheus.GaugeValue,

@@ -6,10 +6,14 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strings"
 	"time"
 
-	"github.com/cilium/ebpf/link"
-	"github.com/vishvananda/netlink"
+	"github.com/cilium/ebpf"
+
+	"github.com/rlagent/rlagent/api/v1alpha1"
+	"github.com/rlagent/rlagent/attach"
+	"github.com/rlagent/rlagent/maps"
 )
 
 // Interface attach states.
@@ -27,26 +31,38 @@ const (
 	StateDetached = "detached"
 )
 
-// XDP attach modes.
+// XDP attach modes (attach.Mode's words).
 const (
-	ModeNative  = "native"
-	ModeGeneric = "generic"
+	ModeNative  = string(attach.ModeNative)
+	ModeGeneric = string(attach.ModeGeneric)
 )
 
-// linkResync is how often every interface is checked even without a
-// netlink event: events can be lost (a full socket buffer), and a link can
-// be detached without one (bpftool link detach).
+// linkResync is how often every hook is checked even without a netlink
+// event: events can be lost (a full socket buffer), and a link can be
+// detached without one (bpftool link detach).
 const linkResync = 5 * time.Second
 
-// InterfaceStatus is the attach state of one configured interface.
+// InterfaceStatus is the attach state of one hook of one interface.
 type InterfaceStatus struct {
-	Name  string `json:"name"`
+	Name string `json:"name"`
+	// Hook is the kernel hook: xdp, tc-ingress or tc-egress.
+	Hook string `json:"hook,omitempty"`
+	// Program is the data path's program there: the traffic it sees
+	// (uplink-in, uplink-out, endpoint-in, endpoint-out; see maps.Hook).
+	Program string `json:"program,omitempty"`
+	// Netns is the network namespace of an endpoint's own interface
+	// (endpointHook pod); empty for the agent's.
+	Netns string `json:"netns,omitempty"`
 	State string `json:"state"`
-	// Mode is native or generic while attached.
+	// Mode is how the program is attached: native or generic (XDP), tcx or
+	// clsact (TC).
 	Mode  string `json:"mode,omitempty"`
 	Error string `json:"error,omitempty"`
-	// Since is when the interface entered this state.
+	// Since is when the hook entered this state.
 	Since time.Time `json:"since"`
+	// uplink: one of the config's interfaces, whose absence is a problem;
+	// an endpoint's interface that goes away is a pod that went.
+	uplink bool
 }
 
 func (s InterfaceStatus) String() string {
@@ -59,175 +75,243 @@ func (s InterfaceStatus) String() string {
 	return s.State
 }
 
-// watchLinks keeps the configured interfaces attached: it re-checks them on
-// every netlink link event and every linkResync, and re-attaches an
-// interface that was deleted and re-created (a veth re-created, a NIC
-// reset, a driver reload) as soon as it is back.
-func (a *Agent) watchLinks(ctx context.Context) {
-	due := make(chan struct{}, 1)
-	poke := func() {
-		select {
-		case due <- struct{}{}:
-		default:
+// where names the hook for logs and readiness: "xdp eth0", "tc-egress
+// veth1a2b".
+func (s InterfaceStatus) where() string {
+	w := s.Name
+	if s.Hook != "" {
+		w = s.Hook + " " + w
+	}
+	if s.Netns != "" {
+		w += " (netns " + s.Netns + ")"
+	}
+	return w
+}
+
+// placement is where one of the data path's programs runs: a hook of an
+// interface, and the maps.Hook whose limits the program there enforces.
+// The agent decides the placements; attach/ makes them so.
+type placement struct {
+	point  attach.Point
+	hook   maps.Hook
+	uplink bool // one of the config's interfaces
+}
+
+func (p placement) key() string { return p.point.String() }
+
+// program is the data path's program for p.
+func (a *Agent) program(p placement) *ebpf.Program {
+	if p.point.Kind == attach.XDP {
+		return a.dp.Program()
+	}
+	return a.dp.TCProgram(p.hook)
+}
+
+// placements are the hooks the data path must run at for the limits given
+// (those in the maps, and those about to be written) and the endpoint hooks
+// the reconcile found for them: every configured interface gets the XDP
+// program (or, with xdpFallback tc where another program holds XDP, the TC
+// ingress one, see syncPlacement); its TC egress gets the uplink-out
+// program when a limit needs it; each endpoint hook its program. Callers
+// hold a.mu.
+func (a *Agent) placements(limits []maps.Limit, endpoints []placement) []placement {
+	uplinkOut := slices.ContainsFunc(limits, func(l maps.Limit) bool {
+		return l.Match.Attach.Hook(l.Match.Direction) == maps.UplinkOut
+	})
+	var out []placement
+	for _, iface := range a.cfg.Interfaces {
+		out = append(out, placement{point: attach.Point{Iface: iface, Kind: attach.XDP}, hook: maps.UplinkIn, uplink: true})
+		if uplinkOut {
+			out = append(out, placement{point: attach.Point{Iface: iface, Kind: attach.TCEgress}, hook: maps.UplinkOut, uplink: true})
 		}
 	}
-	go a.subscribeLinks(ctx, poke)
+	seen := make(map[string]bool)
+	for _, p := range endpoints {
+		if !seen[p.key()] {
+			seen[p.key()] = true
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// outcomePoints are the endpoint hooks of the limits as the last reconcile
+// left them, in name order. Callers hold a.mu.
+func (a *Agent) outcomePoints() []placement {
+	var out []placement
+	for _, name := range sortedNames(a.outcomes) {
+		out = append(out, a.outcomes[name].points...)
+	}
+	return out
+}
+
+func sortedNames[V any](m map[string]V) []string {
+	names := make([]string, 0, len(m))
+	for n := range m {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// appliedLimits are the limits in the maps. Callers hold a.mu.
+func (a *Agent) appliedLimits() []maps.Limit {
+	out := make([]maps.Limit, 0, len(a.applied))
+	for _, l := range a.applied {
+		out = append(out, l)
+	}
+	return out
+}
+
+// watchLinks keeps the hooks attached: on every netlink link, route or
+// neighbour event and every linkResync it reconciles, which finds the
+// endpoints' interfaces anew (a pod came or went) and re-attaches a hook
+// whose interface was deleted and re-created (a veth re-created, a NIC
+// reset, a driver reload) as soon as it is back.
+func (a *Agent) watchLinks(ctx context.Context) {
+	go a.att.Watch(ctx, a.wake)
 	t := time.NewTicker(linkResync)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-due:
 		case <-t.C:
+			a.wake()
 		}
-		a.mu.Lock()
-		// The agent closes its links after ctx ends: never attach after.
-		if ctx.Err() == nil {
-			a.syncLinks()
-		}
-		a.mu.Unlock()
 	}
 }
 
-// subscribeLinks calls poke on every link event in the agent's network
-// namespace, and once after each (re)subscription, since events may have
-// been missed while there was none. A subscription that fails (ENOBUFS when
-// events come faster than they are read) is replaced.
-func (a *Agent) subscribeLinks(ctx context.Context, poke func()) {
-	for ctx.Err() == nil {
-		updates := make(chan netlink.LinkUpdate, 64)
-		done := make(chan struct{})
-		err := netlink.LinkSubscribeWithOptions(updates, done, netlink.LinkSubscribeOptions{
-			ErrorCallback: func(err error) {
-				a.log.Warn("netlink link events: resubscribing", "error", err)
-			},
-		})
-		if err != nil {
-			close(done)
-			a.log.Error("subscribe to netlink link events; checking interfaces every "+linkResync.String()+" only",
-				"error", err)
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(time.Second):
-			}
+// syncLinks makes the hooks of the placements run the data path, and with
+// prune detaches the hooks of ours that no placement wants (an endpoint
+// that went, an interface the config dropped, a hook no limit needs). It
+// records the states. It returns the first error of a configured
+// interface's XDP or TC hook (not a missing one's), for the start, which
+// rejects a config whose interfaces cannot be attached. Callers hold a.mu.
+func (a *Agent) syncLinks(want []placement, prune bool) error {
+	if a.att == nil {
+		return nil // an agent of unit tests, which attaches nothing
+	}
+	var first error
+	keep := make(map[string]bool, len(want))
+	for _, p := range want {
+		st, used, err := a.syncPlacement(p)
+		keep[used.key()] = true
+		if used != p {
+			keep[p.key()] = true // the XDP hook another program holds is not ours to detach
+		}
+		if err != nil && p.uplink && first == nil {
+			first = err
+		}
+		if err != nil && !p.uplink && errors.Is(err, attach.ErrNoInterface) {
+			// An endpoint's interface that is gone: its pod went. The
+			// next reconcile drops it (the route or neighbour event that
+			// came with it has woken one).
 			continue
 		}
-		poke()
-	read:
-		for {
-			select {
-			case <-ctx.Done():
-				break read
-			case _, ok := <-updates:
-				if !ok {
-					break read // the subscription ended on an error
-				}
-				// Any event may concern a configured interface (by name
-				// now, or by the index it had): checking them all costs a
-				// lookup per interface.
-				poke()
-			}
-		}
-		close(done)
-		for range updates {
-			// The reader closes updates once the socket is closed; until
-			// then it may block on a send.
-		}
-	}
-}
-
-// syncLinks checks every configured interface against the kernel,
-// attaches where the link is missing or dead, and records the states.
-// Callers hold a.mu.
-func (a *Agent) syncLinks() {
-	for _, iface := range a.cfg.Interfaces {
-		st, _ := a.syncLink(iface)
 		a.setState(st)
 	}
-	a.dropStates()
+	if !prune {
+		return first
+	}
+	pinned, err := attach.Pinned(a.cfg.PinDir)
+	if err != nil {
+		a.log.Warn("list pinned hooks", "error", err)
+	}
+	for _, pt := range pinned {
+		if keep[pt.String()] {
+			continue
+		}
+		if err := a.att.Detach(pt); err != nil {
+			a.log.Error("detach a hook no limit needs", "point", pt.String(), "error", err)
+			continue
+		}
+		a.log.Info("detached", "point", pt.String())
+	}
+	for key := range a.ifState {
+		if !keep[key] {
+			delete(a.ifState, key)
+		}
+	}
+	a.recordInterfaces()
+	return first
 }
 
-// setState records an interface's state; a change is logged and written to
+// syncPlacement attaches p's program at p. Where another program holds an
+// uplink's XDP hook, xdpFallback tc puts the uplink-in program on the
+// interface's TC ingress instead: used is where it went.
+func (a *Agent) syncPlacement(p placement) (st InterfaceStatus, used placement, err error) {
+	used = p
+	res, err := a.att.Attach(p.point, a.program(p))
+	var busy *attach.XDPBusyError
+	if errors.As(err, &busy) && a.cfg.XDPFallback == v1alpha1.XDPFallbackTC {
+		a.logOnce("xdp-busy "+p.point.Iface, "another program holds the XDP hook: enforcing the uplink's ingress limits from its TC ingress hook (xdpFallback tc)",
+			"interface", p.point.Iface, "holder", busy.Name, "holder_id", busy.Program)
+		used = placement{point: attach.Point{Iface: p.point.Iface, Kind: attach.TCIngress}, hook: p.hook, uplink: p.uplink}
+		res, err = a.att.Attach(used.point, a.program(used))
+	}
+	st = InterfaceStatus{Name: used.point.Iface, Hook: used.point.Kind.String(), Program: used.hook.String(),
+		Netns: used.point.Netns, uplink: used.uplink}
+	switch {
+	case err == nil:
+		st.State, st.Mode = StateAttached, string(res.Mode)
+		if used != p {
+			st.Mode += ", xdpFallback"
+		}
+	case errors.Is(err, attach.ErrNoInterface):
+		st.State, st.Error = StateMissing, err.Error()
+	default:
+		st.State, st.Error = StateFailed, err.Error()
+		if errors.As(err, &busy) {
+			st.Error += "; remove that program, or set xdpFallback: tc to enforce from TC ingress"
+		}
+	}
+	return st, used, err
+}
+
+// logOnce logs a warning the first time key is seen. Callers hold a.mu.
+func (a *Agent) logOnce(key, msg string, args ...any) {
+	if a.logged == nil {
+		a.logged = make(map[string]bool)
+	}
+	if a.logged[key] {
+		return
+	}
+	a.logged[key] = true
+	a.log.Warn(msg, args...)
+}
+
+// setState records a hook's state; a change is logged and written to
 // the lock record. Callers hold a.mu.
 func (a *Agent) setState(st InterfaceStatus) {
 	if a.ifState == nil {
 		a.ifState = make(map[string]InterfaceStatus)
 	}
-	iface := st.Name
-	if old, ok := a.ifState[iface]; ok && old.State == st.State && old.Mode == st.Mode && old.Error == st.Error {
+	key := attach.Point{Iface: st.Name, Netns: st.Netns, Kind: kindOf(st.Hook)}.String()
+	if old, ok := a.ifState[key]; ok && old.State == st.State && old.Mode == st.Mode && old.Error == st.Error &&
+		old.Program == st.Program {
 		return
 	}
 	st.Since = time.Now().UTC()
-	a.ifState[iface] = st
+	a.ifState[key] = st
 	switch st.State {
 	case StateAttached:
-		a.log.Info("interface attached", "interface", iface, "mode", st.Mode)
+		a.log.Info("attached", "interface", st.Name, "hook", st.Hook, "program", st.Program, "mode", st.Mode,
+			"netns", st.Netns)
 	default:
-		a.log.Warn("interface not attached: its traffic passes unlimited", "interface", iface,
-			"state", st.State, "error", st.Error)
+		a.log.Warn("not attached: the traffic there passes unlimited", "interface", st.Name, "hook", st.Hook,
+			"program", st.Program, "state", st.State, "error", st.Error)
 	}
 	a.recordInterfaces()
 }
 
-// dropStates forgets the interfaces no longer configured. Callers hold a.mu.
-func (a *Agent) dropStates() {
-	changed := false
-	for iface := range a.ifState {
-		if !slices.Contains(a.cfg.Interfaces, iface) {
-			delete(a.ifState, iface)
-			changed = true
+func kindOf(hook string) attach.Kind {
+	for _, k := range []attach.Kind{attach.XDP, attach.TCIngress, attach.TCEgress} {
+		if k.String() == hook {
+			return k
 		}
 	}
-	if changed {
-		a.recordInterfaces()
-	}
-}
-
-// syncLink checks one interface and attaches it if its link is missing or
-// dead. The error, when not attached, is the state's reason. Callers hold
-// a.mu.
-func (a *Agent) syncLink(iface string) (InterfaceStatus, error) {
-	fail := func(state string, err error) (InterfaceStatus, error) {
-		return InterfaceStatus{Name: iface, State: state, Error: err.Error()}, err
-	}
-	nl, err := netlink.LinkByName(iface)
-	if err != nil {
-		var nf netlink.LinkNotFoundError
-		if errors.As(err, &nf) {
-			// Its link, if any, died with it.
-			a.closeLink(iface)
-			return fail(StateMissing, fmt.Errorf("attach xdp to %s: no such interface", iface))
-		}
-		return fail(StateFailed, fmt.Errorf("attach xdp to %s: %w", iface, err))
-	}
-	if l := a.links[iface]; l != nil {
-		info, err := l.Info()
-		if err == nil && info.XDP() != nil && int(info.XDP().Ifindex) == nl.Attrs().Index {
-			return InterfaceStatus{Name: iface, State: StateAttached, Mode: xdpMode(nl)}, nil
-		}
-		// Dead (its interface was deleted, and the one there now is
-		// another) or detached by someone: attach anew.
-		a.log.Warn("XDP link lost, attaching again", "interface", iface, "ifindex", nl.Attrs().Index)
-		a.closeLink(iface)
-	}
-	l, mode, err := attachXDP(a.dp.Program(), iface, a.cfg.PinDir, a.log)
-	if err != nil {
-		return fail(StateFailed, err)
-	}
-	if a.links == nil {
-		a.links = make(map[string]link.Link)
-	}
-	a.links[iface] = l
-	return InterfaceStatus{Name: iface, State: StateAttached, Mode: mode}, nil
-}
-
-func (a *Agent) closeLink(iface string) {
-	if l := a.links[iface]; l != nil {
-		l.Close()
-		delete(a.links, iface)
-	}
+	return 0
 }
 
 // recordInterfaces writes the states into the lock record, for status.
@@ -239,41 +323,38 @@ func (a *Agent) recordInterfaces() {
 	}
 }
 
-// interfaces are the configured interfaces' states, in config order.
-// Callers hold a.mu.
+// interfaces are the hooks' states: the configured interfaces first, in
+// config order, then the endpoints' by name. Callers hold a.mu.
 func (a *Agent) interfaces() []InterfaceStatus {
-	out := make([]InterfaceStatus, 0, len(a.cfg.Interfaces))
-	for _, iface := range a.cfg.Interfaces {
-		st, ok := a.ifState[iface]
-		if !ok {
-			st = InterfaceStatus{Name: iface, State: StateMissing, Error: "not attached yet"}
-		}
+	out := make([]InterfaceStatus, 0, len(a.ifState))
+	for _, st := range a.ifState {
 		out = append(out, st)
+	}
+	order := func(s InterfaceStatus) int {
+		if i := slices.Index(a.cfg.Interfaces, s.Name); i >= 0 && s.uplink {
+			return i
+		}
+		return len(a.cfg.Interfaces)
+	}
+	slices.SortFunc(out, func(x, y InterfaceStatus) int {
+		if d := order(x) - order(y); d != 0 {
+			return d
+		}
+		return strings.Compare(x.where(), y.where())
+	})
+	// A configured interface never attached yet (the first sync is under
+	// way) is missing until it is.
+	for _, iface := range a.cfg.Interfaces {
+		if !slices.ContainsFunc(out, func(s InterfaceStatus) bool { return s.Name == iface && s.uplink }) {
+			out = append(out, InterfaceStatus{Name: iface, Hook: attach.XDP.String(), State: StateMissing,
+				Error: "not attached yet", uplink: true})
+		}
 	}
 	return out
 }
 
-// xdpMode is how the kernel runs the XDP program of l.
-func xdpMode(l netlink.Link) string {
-	x := l.Attrs().Xdp
-	if x == nil {
-		return ""
-	}
-	switch x.AttachMode {
-	case 1: // XDP_ATTACHED_DRV
-		return ModeNative
-	case 2: // XDP_ATTACHED_SKB
-		return ModeGeneric
-	case 3:
-		return "offload"
-	case 4:
-		return "multi"
-	}
-	return ""
-}
-
 // AgentStatus is what `rlagent status` shows of the agent: who holds the
-// pin directory, and the interfaces' attach state.
+// pin directory, and the hooks' attach state.
 type AgentStatus struct {
 	// Running: a process holds the pin directory's lock.
 	Running bool `json:"running"`
@@ -281,11 +362,11 @@ type AgentStatus struct {
 	// held) the pin directory; nil if none was left.
 	Holder *Holder `json:"holder,omitempty"`
 	// Interfaces are the agent's record, corrected by what the kernel says
-	// of the pinned links: a link whose interface was deleted is dead.
+	// of the pinned hooks: a hook whose interface was deleted is dead.
 	Interfaces []InterfaceStatus `json:"interfaces"`
 }
 
-// ReadAgentStatus reads the agent's record and the pinned links in pinDir.
+// ReadAgentStatus reads the agent's record and the pinned hooks in pinDir.
 // It writes nothing and works while the agent is down.
 func ReadAgentStatus(pinDir string) (AgentStatus, error) {
 	var st AgentStatus
@@ -301,44 +382,32 @@ func ReadAgentStatus(pinDir string) (AgentStatus, error) {
 		st.Holder = &h
 		st.Interfaces = h.Interfaces
 	}
-	pinned, err := pinnedLinks(pinDir)
+	pinned, err := attach.Pinned(pinDir)
 	if err != nil {
 		return st, err
 	}
-	for _, iface := range pinned {
-		if !slices.ContainsFunc(st.Interfaces, func(s InterfaceStatus) bool { return s.Name == iface }) {
-			st.Interfaces = append(st.Interfaces, InterfaceStatus{Name: iface, State: StateAttached})
+	point := func(s InterfaceStatus) attach.Point {
+		k := kindOf(s.Hook)
+		if k == 0 {
+			k = attach.XDP // a record of an agent from before TC
+		}
+		return attach.Point{Iface: s.Name, Netns: s.Netns, Kind: k}
+	}
+	for _, pt := range pinned {
+		if !slices.ContainsFunc(st.Interfaces, func(s InterfaceStatus) bool { return point(s) == pt }) {
+			st.Interfaces = append(st.Interfaces, InterfaceStatus{Name: pt.Iface, Hook: pt.Kind.String(),
+				Netns: pt.Netns, State: StateAttached})
 		}
 	}
+	att := attach.New(attach.Options{PinDir: pinDir})
 	for i := range st.Interfaces {
 		s := &st.Interfaces[i]
 		if s.State != StateAttached {
 			continue
 		}
-		if alive, err := pinnedLinkAlive(pinDir, s.Name); err != nil {
+		if _, err := att.Alive(point(*s)); err != nil {
 			s.State, s.Mode, s.Error = StateDetached, "", err.Error()
-		} else if !alive {
-			s.State, s.Mode, s.Error = StateDetached, "", "the interface was deleted; its XDP link is dead"
 		}
 	}
 	return st, nil
-}
-
-// pinnedLinkAlive reports whether the pinned XDP link of iface is still
-// attached to a device. The kernel clears a link's ifindex when its device
-// goes away.
-func pinnedLinkAlive(pinDir, iface string) (bool, error) {
-	l, err := link.LoadPinnedLink(linkPin(pinDir, iface), nil)
-	if errors.Is(err, os.ErrNotExist) {
-		return false, errors.New("no pinned XDP link")
-	}
-	if err != nil {
-		return false, err
-	}
-	defer l.Close()
-	info, err := l.Info()
-	if err != nil {
-		return false, err
-	}
-	return info.XDP() != nil && info.XDP().Ifindex != 0, nil
 }

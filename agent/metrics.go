@@ -37,7 +37,7 @@ var (
 	descPoolFull        = desc("datapath_pool_full_total", "New keys that found no room in the bucket map and were passed unlimited.")
 	descLeaseContended  = desc("datapath_lease_contended_total", "Leases that gave up on a contended bucket (the packet was rejected).")
 	// Health (collected by health, not collector: it reads no map).
-	descInterfaceAttached    = desc("interface_attached", "1 while the data path is attached to the configured interface, 0 while it is missing or the attach failed (its traffic passes unlimited). mode: native or generic.", "interface", "mode")
+	descInterfaceAttached    = desc("interface_attached", "1 while the data path is attached to the hook, 0 while its interface is missing or the attach failed (its traffic passes unlimited). hook: xdp, tc-ingress or tc-egress; program: uplink-in, uplink-out, endpoint-in or endpoint-out (the traffic it sees); mode: native or generic (XDP), tcx or clsact (TC).", "interface", "hook", "program", "mode")
 	descReconcileLastSuccess = desc("reconcile_last_success_timestamp_seconds", "When a reconcile last applied the desired state (Unix time).")
 	descReady                = desc("ready", "1 while /readyz answers 200: every interface attached and the last reconcile applied.")
 )

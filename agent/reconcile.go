@@ -39,6 +39,9 @@ type desiredLimit struct {
 	// unfit says why the limit cannot be installed before any write is
 	// tried (no id, a spec the data path cannot express), or nil.
 	unfit error
+	// points are the endpoint hooks of a limit enforced at its endpoints
+	// (none for one at the uplink).
+	points []placement
 
 	// Set by reconcile: what is enforced, and why it is not the limit as
 	// configured (state and note, see maps.MetaState).
@@ -61,6 +64,8 @@ type outcome struct {
 	// fullErr why): it is not tried again until room is freed.
 	full    *maps.Limit
 	fullErr error
+	// points are the endpoint hooks the limit runs at.
+	points []placement
 }
 
 // reconcile makes the maps hold cfg's limits divided by the current
@@ -88,6 +93,11 @@ func (a *Agent) reconcile() error {
 		a.outcomes = make(map[string]*outcome)
 	}
 	plan := a.desired()
+	defer func() {
+		// What the maps hold now runs where it must; the hooks nothing
+		// needs any more go.
+		a.syncLinks(a.placements(a.appliedLimits(), a.outcomePoints()), true)
+	}()
 
 	var errs []error
 	// What is no longer desired goes first, entry and metadata, whether it
@@ -114,6 +124,18 @@ func (a *Agent) reconcile() error {
 		// counters are gone): the limits that found none take them.
 		plan = a.desired()
 	}
+	// Before a limit reaches its hook, its program runs there: a limit
+	// that moves to its endpoints (or gets a new one) is never written to
+	// a hook where nothing enforces it.
+	limits, points := a.appliedLimits(), a.outcomePoints()
+	for _, d := range plan {
+		if d.unfit == nil {
+			limits = append(limits, d.limit)
+			points = append(points, d.points...)
+		}
+	}
+	a.syncLinks(a.placements(limits, points), false)
+
 	// Changes that need no new room in the prefix tables (count changes
 	// above all) first, then those that do, each pass in the plan's order:
 	// a limit that grows is checked against tables where the others have
@@ -341,6 +363,7 @@ func (a *Agent) record(d *desiredLimit) error {
 	}
 	o.id, o.state, o.note, o.enforced, o.meta = d.id, d.state, d.note, d.enforced, m
 	o.full, o.fullErr = d.full, d.fullErr
+	o.points = d.points
 	if d.warn != a.warned[d.name] {
 		if d.warn != "" {
 			a.log.Warn(d.warn, "limit", d.name, "replicas", d.meta.Replicas, "share_rate", d.limit.Rate)
@@ -476,6 +499,16 @@ func (a *Agent) divideLimit(l *v1alpha1.Limit) *desiredLimit {
 		}
 		spec = serviceSpec(spec, local, ports)
 	}
+	var fallback, attachNote string
+	var points []placement
+	if spec.Attach == v1alpha1.AttachEndpoints || (spec.Attach == "" && service) {
+		if points, fallback, attachNote = a.endpointPlacements(spec); fallback != "" {
+			s := *spec
+			s.Attach = v1alpha1.AttachUplink
+			spec = &s
+			attachNote = "enforced at the uplink: " + fallback
+		}
+	}
 	scope := uint8(scopeStatic)
 	switch spec.Scope {
 	case v1alpha1.ScopeNodes:
@@ -504,6 +537,13 @@ func (a *Agent) divideLimit(l *v1alpha1.Limit) *desiredLimit {
 	}
 	if clamped != "" {
 		d.state, d.note = maps.Clamped, clamped
+	}
+	if attachNote != "" {
+		d.note = strings.TrimPrefix(d.note+"; "+attachNote, "; ")
+		d.warn = strings.TrimPrefix(d.warn+"; "+attachNote, "; ")
+	}
+	if fallback == "" {
+		d.points = points
 	}
 	ml, err := toMapsLimit(spec, share)
 	if err != nil {
@@ -583,14 +623,21 @@ func (a *Agent) observeName(name string) watcher.Observation {
 }
 
 // serviceSpec is a service-scoped spec with the Service's endpoints on this
-// node as its destination: their addresses, and the Service's ports of the
-// spec's protocol.
+// node as its local side: for an ingress limit its destination (their
+// addresses, and the Service's ports of the spec's protocol), for an egress
+// limit its source (their addresses; the destination ports stay the
+// spec's, since what the endpoints send goes to other services' ports).
 func serviceSpec(spec *v1alpha1.RateLimitSpec, local []watcher.Endpoint, ports []watcher.EndpointPort) *v1alpha1.RateLimitSpec {
 	s := *spec
-	s.Match.DstCIDRs = nil
+	var addrs []string
 	for _, e := range local {
-		s.Match.DstCIDRs = append(s.Match.DstCIDRs, netip.PrefixFrom(e.Addr, e.Addr.BitLen()).String())
+		addrs = append(addrs, netip.PrefixFrom(e.Addr, e.Addr.BitLen()).String())
 	}
+	if spec.Match.Direction == v1alpha1.DirectionEgress {
+		s.Match.SrcCIDRs = addrs
+		return &s
+	}
+	s.Match.DstCIDRs = addrs
 	if len(spec.Match.DstPorts) == 0 {
 		s.Match.DstPorts = nil
 		for _, p := range ports {

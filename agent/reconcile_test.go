@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cilium/ebpf/link"
-
 	"github.com/rlagent/rlagent/api/v1alpha1"
 	"github.com/rlagent/rlagent/internal/testenv"
 	"github.com/rlagent/rlagent/maps"
@@ -57,7 +55,7 @@ func newTestAgent(tb testing.TB, cfg string, src watcher.Source) *Agent {
 	tb.Cleanup(func() { dp.Close() })
 	return &Agent{
 		log: quiet(), cfg: c, dp: dp, source: src,
-		links: map[string]link.Link{}, ids: map[string]uint32{}, applied: map[uint32]maps.Limit{},
+		ids: map[string]uint32{}, applied: map[uint32]maps.Limit{},
 		meta: map[uint32]maps.Meta{}, warned: map[string]string{}, pending: map[uint32]counterSnap{},
 	}
 }

@@ -53,6 +53,11 @@ func ValidateConfig(cfg *v1alpha1.Config) (warnings []string, err error) {
 			}
 		}
 	}
+	for i, l := range cfg.Limits {
+		if w := gsoBurstWarning(&l.RateLimitSpec); w != "" {
+			warnings = append(warnings, fmt.Sprintf("limits[%d] (%s): %s", i, l.Name, w))
+		}
+	}
 	return warnings, errors.Join(errs...)
 }
 
@@ -417,4 +422,26 @@ func (b bitset) subsetOf(c bitset) bool {
 		}
 	}
 	return true
+}
+
+// gsoPacket is the largest packet a TC hook sees without BIG TCP: a GSO or
+// GRO packet of 64 KiB and its headers.
+const gsoPacket = 64<<10 + 256
+
+// gsoBurstWarning warns of a bytes limit enforced by a TC program (egress,
+// or at the endpoints) whose burst is below one GSO packet: such a packet
+// costs its wire bytes at once, and a bucket that can never hold that many
+// drops it every time (TCP then falls back to smaller packets only after
+// losses).
+func gsoBurstWarning(s *v1alpha1.RateLimitSpec) string {
+	d := s.DeepCopy()
+	d.Default()
+	if d.Unit != v1alpha1.UnitBytes || (d.Match.Direction != v1alpha1.DirectionEgress && d.Attach != v1alpha1.AttachEndpoints) {
+		return ""
+	}
+	if b := d.EffectiveBurst(); b < gsoPacket {
+		return fmt.Sprintf("unit bytes with a global burst of %d: at a TC hook one GSO packet is up to %d bytes, which a node's bucket "+
+			"of at most %d bytes never admits; set burst to at least %d per node (times the replicas)", b, gsoPacket, b, gsoPacket)
+	}
+	return ""
 }

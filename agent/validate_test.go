@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
@@ -307,5 +308,34 @@ func TestValidateConfigShareBelowOne(t *testing.T) {
 	w, err := ValidateConfig(c)
 	if err != nil || len(w) != 1 || !strings.Contains(w[0], "limits[0] (slow): rate 3 over count 4 is below 1 unit/s per node") {
 		t.Errorf("warnings %q, error %v: want one for limits[0] (slow)", w, err)
+	}
+}
+
+// TestGSOBurstWarning: a bytes limit at a TC hook whose burst cannot hold
+// one GSO packet is warned about; one at the uplink's XDP, or with room, is
+// not.
+func TestGSOBurstWarning(t *testing.T) {
+	for _, tt := range []struct {
+		spec string
+		warn bool
+	}{
+		{"{rate: 100000, unit: bytes, match: {direction: egress}}", true},
+		{"{rate: 100000, unit: bytes, attach: endpoints, match: {dstCIDRs: [10.0.0.1]}}", true},
+		{"{rate: 100000, unit: bytes, burst: 200000, match: {direction: egress}}", false},
+		{"{rate: 100000, unit: bytes}", false},
+		{"{rate: 100000, match: {direction: egress}}", false},
+	} {
+		c, err := v1alpha1.ParseConfig([]byte("interfaces: [eth0]\nlimits:\n- {name: x, " + strings.TrimPrefix(tt.spec, "{") + "\n"))
+		if err != nil {
+			t.Fatalf("%s: %v", tt.spec, err)
+		}
+		w, err := ValidateConfig(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := slices.ContainsFunc(w, func(s string) bool { return strings.Contains(s, "GSO packet") })
+		if got != tt.warn {
+			t.Errorf("%s: GSO warning %v, want %v (warnings %q)", tt.spec, got, tt.warn, w)
+		}
 	}
 }

@@ -51,11 +51,13 @@ func TestParseConfig(t *testing.T) {
 		MaxBuckets:       131072,
 		Count:            CountSource{File: "/run/rlagent/replicas"},
 		ProtectAPIServer: ptr(true),
+		XDPFallback:      XDPFallbackNone,
+		EndpointHook:     EndpointHookHost,
 		Limits: []Limit{
 			{Name: "dns", RateLimitSpec: RateLimitSpec{
 				Rate: 20000, Unit: UnitPackets,
 				Match: Match{Direction: DirectionIngress, Protocol: ProtocolUDP, DstPorts: []string{"53"}},
-				Key:   KeyNone, Scope: ScopeStatic, Action: ActionDrop,
+				Key:   KeyNone, Scope: ScopeStatic, Action: ActionDrop, Attach: AttachUplink,
 			}},
 			{Name: "per-source", RateLimitSpec: RateLimitSpec{
 				Rate: 1000, Unit: UnitBytes, Burst: ptr(uint64(5000)),
@@ -67,7 +69,7 @@ func TestParseConfig(t *testing.T) {
 				},
 				Key:          KeySrcPrefix,
 				PrefixLength: &PrefixLength{IPv4: 16, IPv6: DefaultPrefixLengthIPv6},
-				Scope:        ScopeStatic, Action: ActionShadow,
+				Scope:        ScopeStatic, Action: ActionShadow, Attach: AttachUplink,
 			}},
 		},
 	}
@@ -205,15 +207,17 @@ func TestDefault(t *testing.T) {
 		MaxBuckets:       65536,
 		Count:            CountSource{Static: ptr(int32(1))},
 		ProtectAPIServer: ptr(true),
+		XDPFallback:      XDPFallbackNone,
+		EndpointHook:     EndpointHookHost,
 		Limits: []Limit{
-			{Name: "a", RateLimitSpec: RateLimitSpec{Rate: 5, Unit: UnitPackets, Key: KeyNone, Scope: ScopeStatic, Action: ActionDrop,
+			{Name: "a", RateLimitSpec: RateLimitSpec{Rate: 5, Unit: UnitPackets, Key: KeyNone, Scope: ScopeStatic, Action: ActionDrop, Attach: AttachUplink,
 				Match: Match{Direction: DirectionIngress, Protocol: ProtocolAny}}},
-			{Name: "b", RateLimitSpec: RateLimitSpec{Rate: 1000, Unit: UnitPackets, Key: KeySrcPrefix, Scope: ScopeStatic, Action: ActionDrop,
+			{Name: "b", RateLimitSpec: RateLimitSpec{Rate: 1000, Unit: UnitPackets, Key: KeySrcPrefix, Scope: ScopeStatic, Action: ActionDrop, Attach: AttachUplink,
 				PrefixLength: &PrefixLength{IPv4: 24, IPv6: 48},
 				Match:        Match{Direction: DirectionIngress, Protocol: ProtocolAny}}},
 			// Every field set: nothing changes.
 			{Name: "c", RateLimitSpec: RateLimitSpec{Rate: 1000, Unit: UnitBytes, Burst: ptr(uint64(7)), Key: KeySrcIP,
-				Scope: ScopeNodes, Action: ActionShadow, Match: Match{Direction: DirectionEgress, Protocol: ProtocolTCP}}},
+				Scope: ScopeNodes, Action: ActionShadow, Attach: AttachUplink, Match: Match{Direction: DirectionEgress, Protocol: ProtocolTCP}}},
 		},
 	}
 	if !reflect.DeepEqual(c, want) {
@@ -278,13 +282,13 @@ func TestLoadConfig(t *testing.T) {
 	_, err := LoadConfig(path)
 	want := "load config " + path + ": 2 errors:\n" +
 		"limits[0].rate: required: 1..4000000000 units per second over all replicas\n" +
-		`limits[0].unit: "pkts" is not one of packets, bytes`
+		`limits[0].unit: "pkts" is not one of packets, bytes, connections`
 	if err == nil || err.Error() != want {
 		t.Errorf("got\n%v\nwant\n%s", err, want)
 	}
 	os.WriteFile(path, []byte("interfaces: [eth0]\nlimits:\n- name: a\n  rate: 10\n  unit: pkts\n  match: {}\n"), 0o644)
 	_, err = LoadConfig(path)
-	want = "load config " + path + `: limits[0].unit: "pkts" is not one of packets, bytes`
+	want = "load config " + path + `: limits[0].unit: "pkts" is not one of packets, bytes, connections`
 	if err == nil || err.Error() != want {
 		t.Errorf("got\n%v\nwant\n%s", err, want)
 	}
@@ -379,4 +383,29 @@ func TestWriteConfigAtomic(t *testing.T) {
 		t.Errorf("rename onto a directory succeeded")
 	}
 	onlyFile(t, dir2, "rlagent.yaml")
+}
+
+// TestDefaultAttach checks that a scope service limit is enforced at the
+// endpoints by default and every other one at the uplink, and that an
+// explicit attach is kept.
+func TestDefaultAttach(t *testing.T) {
+	for _, tt := range []struct {
+		spec RateLimitSpec
+		want Attach
+	}{
+		{RateLimitSpec{Rate: 1, Scope: ScopeService, Match: Match{Service: "default/web"}}, AttachEndpoints},
+		{RateLimitSpec{Rate: 1, Scope: ScopeNodes}, AttachUplink},
+		{RateLimitSpec{Rate: 1}, AttachUplink},
+		{RateLimitSpec{Rate: 1, Scope: ScopeService, Attach: AttachUplink, Match: Match{Service: "default/web"}}, AttachUplink},
+		{RateLimitSpec{Rate: 1, Attach: AttachEndpoints, Match: Match{DstCIDRs: []string{"10.0.0.1"}}}, AttachEndpoints},
+	} {
+		s := tt.spec
+		s.Default()
+		if s.Attach != tt.want {
+			t.Errorf("scope %q attach %q: defaulted to %q, want %q", tt.spec.Scope, tt.spec.Attach, s.Attach, tt.want)
+		}
+		if err := s.Validate("spec"); err != nil {
+			t.Errorf("scope %q attach %q: %v", tt.spec.Scope, tt.spec.Attach, err)
+		}
+	}
 }

@@ -55,6 +55,12 @@ func (c *Config) Default() {
 	for i := range c.Protect {
 		c.Protect[i].Default()
 	}
+	if c.XDPFallback == "" {
+		c.XDPFallback = XDPFallbackNone
+	}
+	if c.EndpointHook == "" {
+		c.EndpointHook = EndpointHookHost
+	}
 	if c.ProtectAPIServer == nil {
 		on := true
 		c.ProtectAPIServer = &on
@@ -81,7 +87,7 @@ func (s *RateLimitSpec) Default() {
 	if s.Key == "" {
 		s.Key = KeyNone
 	}
-	if s.Key == KeySrcPrefix {
+	if s.Key == KeySrcPrefix || s.Key == KeyDstPrefix {
 		if s.PrefixLength == nil {
 			s.PrefixLength = &PrefixLength{}
 		}
@@ -98,6 +104,12 @@ func (s *RateLimitSpec) Default() {
 	}
 	if s.Action == "" {
 		s.Action = ActionDrop
+	}
+	if s.Attach == "" {
+		s.Attach = AttachUplink
+		if s.Scope == ScopeService {
+			s.Attach = AttachEndpoints
+		}
 	}
 }
 

@@ -299,7 +299,8 @@ func TestCRD(t *testing.T) {
 	// agent rejects as not supported yet: the schema is the API, the agent
 	// what this release implements).
 	for field, want := range map[string][]string{
-		"unit":            append(strs(Units...), string(UnitConnections)),
+		"unit":            strs(Units...),
+		"attach":          strs(Attaches...),
 		"key":             strs(Keys...),
 		"scope":           strs(Scopes...),
 		"action":          strs(Actions...),

@@ -47,7 +47,46 @@ type Config struct {
 	// (Optional) Default true. false turns the protection off, with a
 	// warning at every start and reload.
 	ProtectAPIServer *bool `json:"protectAPIServer,omitempty"`
+
+	// XDPFallback is what the agent does when another program already holds
+	// the XDP hook of an interface: XDP is exclusive, and rlagent never
+	// replaces another program's XDP. none fails: the agent does not start
+	// (a reload that adds such an interface is rejected), with an error that
+	// names the program holding the hook; tc enforces the uplink's ingress
+	// limits from the interface's TC ingress hook instead (tcx, or clsact
+	// before kernel 6.6), after the other XDP program.
+	// (Optional) none | tc; default none.
+	XDPFallback XDPFallback `json:"xdpFallback,omitempty"`
+
+	// EndpointHook is where the limits with attach endpoints and direction
+	// ingress (traffic into an endpoint) run. host: the TC egress hook of the
+	// endpoint's host-side interface, which needs no privilege beyond the
+	// agent's, but which a CNI that delivers into the pod with
+	// bpf_redirect_peer (Cilium with BPF host routing) skips. pod: the TC
+	// ingress hook of the endpoint's own interface inside its network
+	// namespace, which every delivery passes; the agent must enter the
+	// pod's network namespace (CAP_SYS_ADMIN) and find it (hostPID, or
+	// /run/netns). Egress limits at endpoints always run at the host-side
+	// interface's TC ingress hook, which every packet a pod sends passes.
+	// (Optional) host | pod; default host.
+	EndpointHook EndpointHook `json:"endpointHook,omitempty"`
 }
+
+// EndpointHook is where traffic into an endpoint is enforced.
+type EndpointHook string
+
+const (
+	EndpointHookHost EndpointHook = "host"
+	EndpointHookPod  EndpointHook = "pod"
+)
+
+// XDPFallback is what to do when another program holds the XDP hook.
+type XDPFallback string
+
+const (
+	XDPFallbackNone XDPFallback = "none"
+	XDPFallbackTC   XDPFallback = "tc"
+)
 
 // CountSource says where the replica count comes from. Exactly one field is
 // set. A count of 0 is accepted and treated as 1 by the agent (a count below 1
@@ -84,7 +123,9 @@ type Limit struct {
 // +kubebuilder:validation:XValidation:rule="self.scope != 'service' || has(self.match.service)",message="scope service requires match.service: the namespace/name of a Service",fieldPath=".match.service",reason=FieldValueRequired
 // +kubebuilder:validation:XValidation:rule="!has(self.match.service) || self.scope == 'service'",message="match.service is only allowed with scope service",fieldPath=".match.service"
 // +kubebuilder:validation:XValidation:rule="!has(self.action) || self.action != 'pace' || (has(self.match.direction) && self.match.direction == 'egress')",message="action pace needs match.direction egress: pacing delays egress packets; ingress packets cannot be delayed",fieldPath=".action"
-// +kubebuilder:validation:XValidation:rule="!has(self.prefixLength) || (has(self.key) && self.key == 'src-prefix')",message="prefixLength is only allowed with key src-prefix",fieldPath=".prefixLength"
+// +kubebuilder:validation:XValidation:rule="!has(self.prefixLength) || (has(self.key) && (self.key == 'src-prefix' || self.key == 'dst-prefix'))",message="prefixLength is only allowed with key src-prefix or dst-prefix",fieldPath=".prefixLength"
+// +kubebuilder:validation:XValidation:rule="!has(self.attach) || self.attach != 'endpoints' || has(self.match.service) || ((has(self.match.direction) && self.match.direction == 'egress') ? (has(self.match.srcCIDRs) && size(self.match.srcCIDRs) > 0) : (has(self.match.dstCIDRs) && size(self.match.dstCIDRs) > 0))",message="attach endpoints without match.service takes the endpoint addresses from match.dstCIDRs (ingress) or match.srcCIDRs (egress): list them",fieldPath=".attach"
+// +kubebuilder:validation:XValidation:rule="!has(self.unit) || self.unit != 'connections' || !has(self.match.protocol) || self.match.protocol == 'tcp' || self.match.protocol == 'any'",message="unit connections counts TCP SYNs: it needs protocol tcp or any",fieldPath=".unit"
 // +kubebuilder:validation:XValidation:rule="!has(self.key) || self.key != 'dst-port' || !has(self.match.protocol) || self.match.protocol != 'icmp'",message="key dst-port needs protocol tcp, udp or any: icmp has no ports",fieldPath=".key"
 // +kubebuilder:validation:XValidation:rule="!has(self.burst) || self.rate > 4000000000 || self.burst <= self.rate * 3600",message="burst must be at most 3600 seconds of rate (rate x 3600)",fieldPath=".burst"
 type RateLimitSpec struct {
@@ -98,9 +139,13 @@ type RateLimitSpec struct {
 	// +kubebuilder:validation:Maximum=4000000000
 	Rate uint64 `json:"rate"`
 
-	// Unit is what one token is worth.
-	// (Optional) packets | bytes; default packets. (connections is reserved
-	// and rejected as not supported yet.)
+	// Unit is what one token is worth: a packet (a TCP segment of a GSO or
+	// GRO packet counts one each), a byte on the wire, or a connection
+	// attempt (a TCP SYN without ACK, RST or FIN; the limit's other TCP
+	// packets are not charged; a packet whose transport header cannot be
+	// found counts as one attempt).
+	// (Optional) packets | bytes | connections; default packets. connections
+	// needs protocol tcp or any (then only TCP SYNs count).
 	// +kubebuilder:default=packets
 	// +optional
 	Unit Unit `json:"unit,omitempty"`
@@ -122,15 +167,18 @@ type RateLimitSpec struct {
 
 	// Key is how the limit splits traffic into buckets: one bucket for the
 	// whole limit, or one per source address, destination address, source
-	// prefix or destination port. Each bucket gets the whole rate.
-	// (Optional) none | src-ip | dst-ip | src-prefix | dst-port; default none.
+	// prefix, destination prefix or destination port. Each bucket gets the
+	// whole rate.
+	// (Optional) none | src-ip | dst-ip | src-prefix | dst-prefix | dst-port;
+	// default none.
 	// +kubebuilder:default=none
 	// +optional
 	Key Key `json:"key,omitempty"`
 
-	// PrefixLength is the prefix that groups source addresses into one
-	// bucket with key src-prefix.
-	// (Optional) Only with key src-prefix; default ipv4 24, ipv6 64.
+	// PrefixLength is the prefix that groups source (key src-prefix) or
+	// destination (key dst-prefix) addresses into one bucket.
+	// (Optional) Only with key src-prefix or dst-prefix; default ipv4 24,
+	// ipv6 64.
 	// +optional
 	PrefixLength *PrefixLength `json:"prefixLength,omitempty"`
 
@@ -146,6 +194,23 @@ type RateLimitSpec struct {
 	// +kubebuilder:default=drop
 	// +optional
 	Action Action `json:"action,omitempty"`
+
+	// Attach is where the limit is enforced. uplink: on the node's
+	// interfaces (the config's interfaces; XDP for ingress, TC for egress),
+	// which see traffic to and from the node as it arrives, before any
+	// decapsulation or DNAT. endpoints: at the host side of each local
+	// endpoint's interface (TC), which sees the traffic into and out of the
+	// endpoint after decapsulation and DNAT, same-node clients included.
+	// The endpoints are the Service's local endpoints (scope service), else
+	// the addresses in the limit's CIDRs on the endpoint's side: dstCIDRs
+	// for ingress, srcCIDRs for egress. An endpoint without an interface of
+	// its own (a hostNetwork pod) makes the whole limit fall back to the
+	// uplink, and status says so. A limit is enforced at exactly one of the
+	// two, so no packet is charged twice for it.
+	// (Optional) endpoints | uplink; default endpoints with scope service,
+	// uplink otherwise.
+	// +optional
+	Attach Attach `json:"attach,omitempty"`
 }
 
 // Match selects packets. Each field narrows the match; an empty list matches
@@ -154,9 +219,10 @@ type RateLimitSpec struct {
 // +kubebuilder:object:generate=true
 // +kubebuilder:validation:XValidation:rule="!has(self.dstPorts) || size(self.dstPorts) == 0 || !has(self.protocol) || self.protocol != 'icmp'",message="dstPorts needs protocol tcp, udp or any: icmp has no ports",fieldPath=".dstPorts"
 type Match struct {
-	// Direction is the hook the limit applies at.
-	// (Optional) ingress | egress; default ingress. egress is not supported
-	// yet.
+	// Direction is which way the packets go, seen from the node (attach
+	// uplink) or from the endpoint (attach endpoints): ingress is traffic
+	// arriving, egress traffic leaving.
+	// (Optional) ingress | egress; default ingress.
 	// +kubebuilder:default=ingress
 	// +optional
 	Direction Direction `json:"direction,omitempty"`
@@ -234,13 +300,12 @@ type Unit string
 const (
 	UnitPackets Unit = "packets"
 	UnitBytes   Unit = "bytes"
-	// UnitConnections (TCP SYN without ACK) is reserved: validation rejects
-	// it as not supported yet.
+	// UnitConnections counts TCP SYNs without ACK, RST or FIN.
 	UnitConnections Unit = "connections"
 )
 
 // Key is how a limit splits its traffic into buckets.
-// +kubebuilder:validation:Enum=none;src-ip;dst-ip;src-prefix;dst-port
+// +kubebuilder:validation:Enum=none;src-ip;dst-ip;src-prefix;dst-prefix;dst-port
 type Key string
 
 const (
@@ -248,6 +313,7 @@ const (
 	KeySrcIP     Key = "src-ip"
 	KeyDstIP     Key = "dst-ip"
 	KeySrcPrefix Key = "src-prefix"
+	KeyDstPrefix Key = "dst-prefix"
 	KeyDstPort   Key = "dst-port"
 )
 
@@ -284,6 +350,15 @@ const (
 	DirectionEgress  Direction = "egress"
 )
 
+// Attach is where a limit is enforced.
+// +kubebuilder:validation:Enum=endpoints;uplink
+type Attach string
+
+const (
+	AttachEndpoints Attach = "endpoints"
+	AttachUplink    Attach = "uplink"
+)
+
 // Protocol selects packets by their L4 protocol.
 // +kubebuilder:validation:Enum=any;tcp;udp;icmp
 type Protocol string
@@ -297,8 +372,11 @@ const (
 
 // The valid values of each enum, in the order error messages list them.
 var (
-	Units      = []Unit{UnitPackets, UnitBytes}
-	Keys       = []Key{KeyNone, KeySrcIP, KeyDstIP, KeySrcPrefix, KeyDstPort}
+	Units      = []Unit{UnitPackets, UnitBytes, UnitConnections}
+	Keys       = []Key{KeyNone, KeySrcIP, KeyDstIP, KeySrcPrefix, KeyDstPrefix, KeyDstPort}
+	Attaches   = []Attach{AttachEndpoints, AttachUplink}
+	Fallbacks  = []XDPFallback{XDPFallbackNone, XDPFallbackTC}
+	Hooks      = []EndpointHook{EndpointHookHost, EndpointHookPod}
 	Scopes     = []Scope{ScopeStatic, ScopeNodes, ScopeService}
 	Actions    = []Action{ActionDrop, ActionShadow, ActionPace}
 	Directions = []Direction{DirectionIngress, DirectionEgress}

@@ -52,6 +52,16 @@ func (c *Config) Validate() error {
 	if c.MaxBuckets < MinMaxBuckets || c.MaxBuckets > MaxMaxBuckets {
 		el.add("maxBuckets", "%d is not in %d..%d", c.MaxBuckets, MinMaxBuckets, MaxMaxBuckets)
 	}
+	switch c.XDPFallback {
+	case XDPFallbackNone, XDPFallbackTC:
+	default:
+		el.add("xdpFallback", "%s", notOneOf(c.XDPFallback, Fallbacks))
+	}
+	switch c.EndpointHook {
+	case EndpointHookHost, EndpointHookPod:
+	default:
+		el.add("endpointHook", "%s", notOneOf(c.EndpointHook, Hooks))
+	}
 	switch {
 	case c.Count.Static != nil && c.Count.File != "":
 		el.add("count", "set one of static, file, not both")
@@ -106,7 +116,9 @@ func (s *RateLimitSpec) validate(path string, standalone bool) []error {
 	switch s.Unit {
 	case UnitPackets, UnitBytes:
 	case UnitConnections:
-		el.add(field(path, "unit"), "%q is not supported yet: use one of %s", s.Unit, choices(Units))
+		if p := s.Match.Protocol; p != ProtocolTCP && p != ProtocolAny && p != "" {
+			el.add(field(path, "unit"), "connections counts TCP SYNs: it needs protocol tcp or any (protocol is %q)", p)
+		}
 	default:
 		el.add(field(path, "unit"), "%s", notOneOf(s.Unit, Units))
 	}
@@ -123,9 +135,7 @@ func (s *RateLimitSpec) validate(path string, standalone bool) []error {
 	m := &s.Match
 	mp := field(path, "match")
 	switch m.Direction {
-	case DirectionIngress:
-	case DirectionEgress:
-		el.add(field(mp, "direction"), "%q is not supported yet: the egress (tc) data path is planned", m.Direction)
+	case DirectionIngress, DirectionEgress:
 	default:
 		el.add(field(mp, "direction"), "%s", notOneOf(m.Direction, Directions))
 	}
@@ -165,7 +175,7 @@ func (s *RateLimitSpec) validate(path string, standalone bool) []error {
 	}
 
 	switch s.Key {
-	case KeyNone, KeySrcIP, KeyDstIP, KeySrcPrefix:
+	case KeyNone, KeySrcIP, KeyDstIP, KeySrcPrefix, KeyDstPrefix:
 	case KeyDstPort:
 		if m.Protocol == ProtocolICMP {
 			el.add(field(path, "key"), "dst-port needs protocol tcp, udp or any: icmp has no ports")
@@ -175,8 +185,8 @@ func (s *RateLimitSpec) validate(path string, standalone bool) []error {
 	}
 	if pl := s.PrefixLength; pl != nil {
 		pp := field(path, "prefixLength")
-		if s.Key != KeySrcPrefix {
-			el.add(pp, "only with key src-prefix (key is %q)", s.Key)
+		if s.Key != KeySrcPrefix && s.Key != KeyDstPrefix {
+			el.add(pp, "only with key src-prefix or dst-prefix (key is %q)", s.Key)
 		} else {
 			if pl.IPv4 < 1 || pl.IPv4 > 32 {
 				el.add(field(pp, "ipv4"), "%d is not in 1..32", pl.IPv4)
@@ -203,10 +213,27 @@ func (s *RateLimitSpec) validate(path string, standalone bool) []error {
 		if m.Direction != DirectionEgress {
 			el.add(field(path, "action"), "pace needs match.direction egress: pacing delays egress packets with EDT timestamps; ingress packets cannot be delayed")
 		} else {
-			el.add(field(path, "action"), "%q is not supported yet: the egress (tc) data path is planned", s.Action)
+			el.add(field(path, "action"), "%q is not supported yet: pacing (EDT) is planned", s.Action)
 		}
 	default:
 		el.add(field(path, "action"), "%s", notOneOf(s.Action, Actions))
+	}
+	switch s.Attach {
+	case AttachUplink:
+	case AttachEndpoints:
+		// Without a Service the endpoints are the addresses on the
+		// endpoint's side of the match.
+		if m.Service == "" && s.Scope != ScopeService {
+			side, list := "dstCIDRs", m.DstCIDRs
+			if m.Direction == DirectionEgress {
+				side, list = "srcCIDRs", m.SrcCIDRs
+			}
+			if len(list) == 0 {
+				el.add(field(path, "attach"), "endpoints without match.service takes the endpoint addresses from match.%s (the endpoint's side of a %s limit): list them, or use attach uplink", side, m.Direction)
+			}
+		}
+	default:
+		el.add(field(path, "attach"), "%s", notOneOf(s.Attach, Attaches))
 	}
 	return el
 }

@@ -131,9 +131,9 @@ func TestValidateRules(t *testing.T) {
 		{"rate too high", func(c *Config) { limit(c, 1).Rate = MaxGlobalRate + 1 },
 			"limits[1].rate", []string{"4000000001 is not in 1..4000000000", "one node enforces at most 4000000000 units/s"}},
 		{"unit unknown", func(c *Config) { limit(c, 0).Unit = "pkts" },
-			"limits[0].unit", []string{`"pkts" is not one of packets, bytes`}},
-		{"unit connections", func(c *Config) { limit(c, 0).Unit = UnitConnections },
-			"limits[0].unit", []string{`"connections" is not supported yet`, "packets, bytes"}},
+			"limits[0].unit", []string{`"pkts" is not one of packets, bytes, connections`}},
+		{"unit connections with udp", func(c *Config) { limit(c, 0).Unit = UnitConnections },
+			"limits[0].unit", []string{"connections counts TCP SYNs", "protocol tcp or any", `protocol is "udp"`}},
 		{"burst zero", func(c *Config) { limit(c, 1).Burst = ptr(uint64(0)) },
 			"limits[1].burst", []string{"0 is not a burst", "at least 1"}},
 		{"burst above an hour", func(c *Config) { limit(c, 1).Burst = ptr(uint64(3600*1000 + 1)) },
@@ -142,8 +142,6 @@ func TestValidateRules(t *testing.T) {
 		// Match.
 		{"direction unknown", func(c *Config) { limit(c, 0).Match.Direction = "in" },
 			"limits[0].match.direction", []string{`"in" is not one of ingress, egress`}},
-		{"direction egress", func(c *Config) { limit(c, 0).Match.Direction = DirectionEgress },
-			"limits[0].match.direction", []string{`"egress" is not supported yet: the egress (tc) data path is planned`}},
 		{"protocol unknown", func(c *Config) { limit(c, 0).Match.Protocol = "sctp" },
 			"limits[0].match.protocol", []string{`"sctp" is not one of any, tcp, udp, icmp`}},
 		{"ports with icmp", func(c *Config) { limit(c, 0).Match.Protocol = ProtocolICMP },
@@ -175,13 +173,13 @@ func TestValidateRules(t *testing.T) {
 
 		// Key and prefix length.
 		{"key unknown", func(c *Config) { limit(c, 0).Key = "source" },
-			"limits[0].key", []string{`"source" is not one of none, src-ip, dst-ip, src-prefix, dst-port`}},
+			"limits[0].key", []string{`"source" is not one of none, src-ip, dst-ip, src-prefix, dst-prefix, dst-port`}},
 		{"key dst-port with icmp", func(c *Config) {
 			limit(c, 0).Match = Match{Direction: DirectionIngress, Protocol: ProtocolICMP}
 			limit(c, 0).Key = KeyDstPort
 		}, "limits[0].key", []string{"dst-port needs protocol tcp, udp or any"}},
 		{"prefix length without src-prefix", func(c *Config) { limit(c, 0).PrefixLength = &PrefixLength{IPv4: 24, IPv6: 64} },
-			"limits[0].prefixLength", []string{`only with key src-prefix (key is "none")`}},
+			"limits[0].prefixLength", []string{`only with key src-prefix or dst-prefix (key is "none")`}},
 		{"prefix length ipv4 too long", func(c *Config) { limit(c, 1).PrefixLength.IPv4 = 33 },
 			"limits[1].prefixLength.ipv4", []string{"33 is not in 1..32"}},
 		{"prefix length ipv6 too long", func(c *Config) { limit(c, 1).PrefixLength.IPv6 = 129 },
@@ -203,7 +201,22 @@ func TestValidateRules(t *testing.T) {
 		{"pace on egress", func(c *Config) {
 			limit(c, 0).Action = ActionPace
 			limit(c, 0).Match.Direction = DirectionEgress
-		}, "limits[0].action", []string{`"pace" is not supported yet: the egress (tc) data path is planned`}},
+		}, "limits[0].action", []string{`"pace" is not supported yet`}},
+
+		// Attach.
+		{"attach unknown", func(c *Config) { limit(c, 0).Attach = "pod" },
+			"limits[0].attach", []string{`"pod" is not one of endpoints, uplink`}},
+		{"attach endpoints without dstCIDRs", func(c *Config) { limit(c, 0).Attach = AttachEndpoints },
+			"limits[0].attach", []string{"match.dstCIDRs", "ingress", "attach uplink"}},
+		{"attach endpoints egress without srcCIDRs", func(c *Config) {
+			limit(c, 0).Attach = AttachEndpoints
+			limit(c, 0).Match.Direction = DirectionEgress
+			limit(c, 0).Match.DstCIDRs = []string{"10.0.0.1"}
+		}, "limits[0].attach", []string{"match.srcCIDRs", "egress"}},
+		{"xdp fallback unknown", func(c *Config) { c.XDPFallback = "generic" },
+			"xdpFallback", []string{`"generic" is not one of none, tc`}},
+		{"endpoint hook unknown", func(c *Config) { c.EndpointHook = "peer" },
+			"endpointHook", []string{`"peer" is not one of host, pod`}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -252,6 +265,23 @@ func TestValidateAccepts(t *testing.T) {
 		{"cidr with host bits", func(c *Config) { c.Limits[1].Match.SrcCIDRs[0] = "10.1.2.3/8" }},
 		{"shadow", func(c *Config) { c.Limits[0].Action = ActionShadow }},
 		{"bytes", func(c *Config) { c.Limits[0].Unit = UnitBytes }},
+		{"egress", func(c *Config) { c.Limits[0].Match.Direction = DirectionEgress }},
+		{"connections", func(c *Config) { c.Limits[1].Unit = UnitConnections }},
+		{"connections with any", func(c *Config) {
+			c.Limits[0].Unit = UnitConnections
+			c.Limits[0].Match.Protocol = ProtocolAny
+		}},
+		{"dst-prefix", func(c *Config) {
+			c.Limits[1].Key = KeyDstPrefix
+			c.Limits[1].PrefixLength = &PrefixLength{IPv4: 16, IPv6: 48}
+		}},
+		{"attach endpoints", func(c *Config) { c.Limits[1].Attach = AttachEndpoints }},
+		{"attach endpoints egress", func(c *Config) {
+			c.Limits[1].Attach = AttachEndpoints
+			c.Limits[1].Match.Direction = DirectionEgress
+		}},
+		{"xdp fallback tc", func(c *Config) { c.XDPFallback = XDPFallbackTC }},
+		{"endpoint hook pod", func(c *Config) { c.EndpointHook = EndpointHookPod }},
 		{"name of 63", func(c *Config) { c.Limits[0].Name = strings.Repeat("a", 63) }},
 		{"interface of 15", func(c *Config) { c.Interfaces[0] = "veth-rlagent-01" }},
 	}

@@ -31,16 +31,23 @@ func printAgentStatus(w io.Writer, pinDir string) error {
 		return nil
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "INTERFACE\tSTATE\tMODE\tSINCE\tERROR")
+	fmt.Fprintln(tw, "INTERFACE\tHOOK\tPROGRAM\tSTATE\tMODE\tSINCE\tERROR")
+	dash := func(s string) string {
+		if s == "" {
+			return "-"
+		}
+		return s
+	}
 	for _, s := range st.Interfaces {
-		since, mode := "-", s.Mode
+		since, name := "-", s.Name
 		if !s.Since.IsZero() {
 			since = s.Since.Local().Format(time.DateTime)
 		}
-		if mode == "" {
-			mode = "-"
+		if s.Netns != "" {
+			name += " (netns " + s.Netns + ")"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", s.Name, s.State, mode, since, s.Error)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", name, dash(s.Hook), dash(s.Program), s.State, dash(s.Mode),
+			since, s.Error)
 	}
 	return tw.Flush()
 }

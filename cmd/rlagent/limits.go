@@ -47,17 +47,18 @@ server's dry run: it validates and stores nothing.`,
 
 func newLimitsSetCmd(config *string, kube *kubeFlags) *cobra.Command {
 	var (
-		spec    v1alpha1.RateLimitSpec
-		burst   uint64
-		unit    string
-		key     string
-		prefix4 uint8
-		prefix6 uint8
-		action  string
-		scope   string
-		dir     string
-		proto   string
-		dryRun  bool
+		spec     v1alpha1.RateLimitSpec
+		burst    uint64
+		unit     string
+		key      string
+		prefix4  uint8
+		prefix6  uint8
+		action   string
+		scope    string
+		dir      string
+		proto    string
+		dryRun   bool
+		attachTo string
 	)
 	cmd := &cobra.Command{
 		Use:   "set NAME",
@@ -77,6 +78,7 @@ rate / replicas.`,
 			spec.Action = v1alpha1.Action(action)
 			spec.Scope = v1alpha1.Scope(scope)
 			spec.Match.Direction = v1alpha1.Direction(dir)
+			spec.Attach = v1alpha1.Attach(attachTo)
 			spec.Match.Protocol = v1alpha1.Protocol(proto)
 			if cmd.Flags().Changed("burst") {
 				spec.Burst = &burst
@@ -117,14 +119,15 @@ rate / replicas.`,
 	f := cmd.Flags()
 	f.Uint64Var(&spec.Rate, "rate", 0, "global rate over all replicas, units per second (required)")
 	f.Uint64Var(&burst, "burst", 0, "global burst, units (default rate/10, at least 1)")
-	f.StringVar(&unit, "unit", "packets", "what a token is worth: packets, bytes")
-	f.StringVar(&key, "key", "none", "how traffic splits into buckets: none, src-ip, dst-ip, src-prefix, dst-port")
-	f.Uint8Var(&prefix4, "prefix-v4", 0, "with --key src-prefix: IPv4 prefix length (default 24)")
-	f.Uint8Var(&prefix6, "prefix-v6", 0, "with --key src-prefix: IPv6 prefix length (default 64)")
+	f.StringVar(&unit, "unit", "packets", "what a token is worth: packets, bytes, connections (TCP SYNs)")
+	f.StringVar(&key, "key", "none", "how traffic splits into buckets: none, src-ip, dst-ip, src-prefix, dst-prefix, dst-port")
+	f.Uint8Var(&prefix4, "prefix-v4", 0, "with --key src-prefix or dst-prefix: IPv4 prefix length (default 24)")
+	f.Uint8Var(&prefix6, "prefix-v6", 0, "with --key src-prefix or dst-prefix: IPv6 prefix length (default 64)")
+	f.StringVar(&attachTo, "attach", "", "where the limit is enforced: uplink (the config's interfaces), endpoints (each local endpoint's interface; the endpoints are the --dst-cidrs of an ingress limit, the --src-cidrs of an egress one, or the Service's); default endpoints with --scope service, else uplink")
 	f.StringVar(&action, "action", "drop", "over the limit: drop, shadow (count and pass)")
 	f.StringVar(&scope, "scope", "", "how the rate is divided: static (by the config's count; the default in a file); in a cluster also nodes (by the ready agents), service (by the Service's ready endpoints, --service)")
 	f.StringVar(&spec.Match.Service, "service", "", "with --scope service: the Service, namespace/name")
-	f.StringVar(&dir, "direction", "ingress", "match: ingress")
+	f.StringVar(&dir, "direction", "ingress", "match: ingress, egress")
 	f.StringVar(&proto, "protocol", "any", "match: any, tcp, udp, icmp")
 	f.StringSliceVar(&spec.Match.DstPorts, "dst-ports", nil, "match: destination ports or ranges, e.g. 53,8000-8080")
 	f.StringSliceVar(&spec.Match.SrcCIDRs, "src-cidrs", nil, "match: source CIDRs (IPv4 or IPv6)")
@@ -182,9 +185,9 @@ func newLimitsListCmd(config *string, kube *kubeFlags) *cobra.Command {
 				return err
 			}
 			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "NAME\tRATE\tBURST\tUNIT\tKEY\tSCOPE\tACTION\tMATCH")
+			fmt.Fprintln(w, "NAME\tRATE\tBURST\tUNIT\tKEY\tSCOPE\tACTION\tATTACH\tMATCH")
 			for _, l := range c.Limits {
-				fmt.Fprintf(w, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\n", l.Name, l.Rate, l.EffectiveBurst(), l.Unit, l.Key, l.Scope, l.Action, matchString(&l.Match))
+				fmt.Fprintf(w, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", l.Name, l.Rate, l.EffectiveBurst(), l.Unit, l.Key, l.Scope, l.Action, l.Attach, matchString(&l.Match))
 			}
 			return w.Flush()
 		},

@@ -15,7 +15,7 @@ import (
 
 // attachedLines are the log lines of `rlagent run` that say the data path is
 // attached (or adopted from the pins).
-var attachedLines = []string{"attached XDP", "adopted pinned XDP link", "native XDP not available"}
+var attachedLines = []string{"attached XDP", "pinned link adopted", "native XDP not available"}
 
 // Agent is one `rlagent run` process that the test started.
 type Agent struct {
@@ -38,11 +38,17 @@ func StartAgent(tb testing.TB, ns *nettest.NS, bin string, args ...string) *Agen
 }
 
 // WaitAttached waits until the agent logs that it attached (or adopted) the
-// data path, and fails tb if it does not within timeout or exits first.
+// data path and then that it is ready (its first reconcile wrote the
+// limits: the hooks are attached before the limits reach them), and fails
+// tb if it does not within timeout or exits first.
 func (a *Agent) WaitAttached(timeout time.Duration) {
 	a.tb.Helper()
+	deadline := time.Now().Add(timeout)
 	if !a.WaitLog(timeout, attachedLines...) {
 		a.tb.Fatalf("rlagent run (pid %d) did not attach within %v; output:\n%s", a.PID(), timeout, a.Log())
+	}
+	if !a.WaitLog(time.Until(deadline), "msg=ready") {
+		a.tb.Fatalf("rlagent run (pid %d) attached but was not ready within %v; output:\n%s", a.PID(), timeout, a.Log())
 	}
 }
 

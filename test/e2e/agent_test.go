@@ -156,7 +156,7 @@ func TestRestartAdoptsPins(t *testing.T) {
 	time.Sleep(300 * time.Millisecond) // no agent at all for a while
 	second := e.startAgent()
 	adopted := time.Now()
-	for _, want := range []string{"adopted pinned data path", "adopted pinned XDP link"} {
+	for _, want := range []string{"adopted pinned data path", "pinned link adopted"} {
 		if !strings.Contains(second.Log(), want) {
 			t.Errorf("the second agent did not log %q", want)
 		}

@@ -43,7 +43,7 @@ func (e *env) get(path string) (int, string) {
 
 // metric returns the value of the sample whose line starts with series
 // (name and labels as exposed, e.g. `rlagent_ready` or
-// `rlagent_interface_attached{interface="x",mode="native"}`), and whether
+// `rlagent_interface_attached{hook="xdp",interface="x",mode="native",program="uplink-in"}`), and whether
 // there is one.
 func metric(body, series string) (float64, bool) {
 	for line := range strings.SplitSeq(body, "\n") {
@@ -328,7 +328,7 @@ func TestReadinessTellsTheTruth(t *testing.T) {
 	if !a.WaitLog(5*time.Second, "msg=ready") {
 		t.Fatalf("the agent did not log ready within 5 s")
 	}
-	series := fmt.Sprintf(`rlagent_interface_attached{interface=%q,mode="native"}`, e.pair.IfB)
+	series := fmt.Sprintf(`rlagent_interface_attached{hook="xdp",interface=%q,mode="native",program="uplink-in"}`, e.pair.IfB)
 
 	for _, path := range []string{"/healthz", "/readyz"} {
 		if code, body := e.get(path); code != 200 || !strings.HasPrefix(body, "ok") {
@@ -354,7 +354,7 @@ func TestReadinessTellsTheTruth(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	t.Logf("interface deleted: /healthz %d after %v:\n%s", code, time.Since(deleted).Round(time.Millisecond), body)
-	if code != 503 || !strings.Contains(body, "interface "+e.pair.IfB+": missing") {
+	if code != 503 || !strings.Contains(body, "interface xdp "+e.pair.IfB+": missing") {
 		t.Errorf("with the interface deleted: /healthz %d, want 503 naming the interface:\n%s", code, body)
 	}
 	if time.Since(deleted) > time.Second {
@@ -367,7 +367,7 @@ func TestReadinessTellsTheTruth(t *testing.T) {
 		t.Errorf("/livez %d with the interface deleted, want 200 (the agent is alive)", code)
 	}
 	_, metrics := e.get("/metrics")
-	if !has(metrics, fmt.Sprintf(`rlagent_interface_attached{interface=%q,mode=""}`, e.pair.IfB), 0) || !has(metrics, "rlagent_ready", 0) {
+	if !has(metrics, fmt.Sprintf(`rlagent_interface_attached{hook="xdp",interface=%q,mode="",program="uplink-in"}`, e.pair.IfB), 0) || !has(metrics, "rlagent_ready", 0) {
 		t.Errorf("metrics with the interface deleted do not say attached 0, ready 0:\n%s", grep(metrics, "rlagent_interface_attached", "rlagent_ready"))
 	}
 
