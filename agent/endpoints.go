@@ -55,7 +55,7 @@ func (a *Agent) endpointPlacements(spec *v1alpha1.RateLimitSpec) (points []place
 		}
 		for _, e := range eps {
 			if e.Iface == "" {
-				return nil, fmt.Sprintf("endpoint %s has no interface of its own (%s)", e.Addr, e.Reason), ""
+				return nil, fmt.Sprintf("endpoint %s: %s", e.Addr, e.Reason), ""
 			}
 		}
 		found = append(found, eps...)

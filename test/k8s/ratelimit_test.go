@@ -42,7 +42,7 @@ func TestSchemaRejectsInvalid(t *testing.T) {
 		{"scope-unknown", map[string]any{"rate": 10, "scope": "cluster", "match": udp},
 			[]string{`spec.scope: Unsupported value: "cluster"`, `supported values: "static", "nodes", "service"`}},
 		{"key-unknown", map[string]any{"rate": 10, "scope": "nodes", "key": "src-port", "match": udp},
-			[]string{`spec.key: Unsupported value: "src-port"`, `"none", "src-ip", "dst-ip", "src-prefix", "dst-port"`}},
+			[]string{`spec.key: Unsupported value: "src-port"`, `"none", "src-ip", "dst-ip", "src-prefix", "dst-prefix", "dst-port"`}},
 		{"port-pattern", map[string]any{"rate": 10, "scope": "nodes", "match": withPorts("80-")},
 			[]string{`spec.match.dstPorts[0]: Invalid value: "80-"`, "should match '^[0-9]{1,5}(-[0-9]{1,5})?$'"}},
 		{"port-range", map[string]any{"rate": 10, "scope": "nodes", "match": withPorts("53", "70000")},
@@ -203,9 +203,10 @@ func TestAgentValidationAndDelete(t *testing.T) {
 		patch func(map[string]any)
 		msg   string
 	}{
-		{"unit-connections", func(s map[string]any) { s["unit"] = "connections" }, `spec.unit: "connections" is not supported yet`},
-		{"direction-egress", func(s map[string]any) { s["match"].(map[string]any)["direction"] = "egress" },
-			`spec.match.direction: "egress" is not supported yet`},
+		{"pace-egress", func(s map[string]any) {
+			s["action"] = "pace"
+			s["match"].(map[string]any)["direction"] = "egress"
+		}, `spec.action: "pace" is not supported yet`},
 	} {
 		spec := c.serviceSpec(globalRate)
 		tc.patch(spec)
