@@ -136,6 +136,9 @@ VMTEST_RATE ?= 800
 # -test.short: bpf/ shares one loaded data path among its tests (the verifier
 # takes seconds a program under software emulation).
 VMTEST_TESTFLAGS ?= -test.v -test.short -test.timeout=14m
+# veth for the pairs; sch_ingress (clsact) and cls_bpf for TC programs on
+# kernels without tcx (before 6.6), where Debian builds them as modules.
+VMTEST_MODULES ?= veth sch_ingress cls_bpf
 VMTEST_BIN := bin/vmtest
 
 .PHONY: vmtest deps-vm
@@ -156,6 +159,7 @@ vmtest: deps-vm ## as root: bpf/, maps/ and test/e2e/ in a VM per kernel of KERN
 	CGO_ENABLED=0 $(GO) build -o $(VMTEST_BIN)/vminit ./test/vmtests/cmd/vminit
 	$(GO) build -o $(VMTEST_BIN)/vmtest ./test/vmtests/cmd/vmtest
 	$(VMTEST_BIN)/vmtest $(addprefix -kernel ,$(KERNELS)) -timeout 25m -init $(VMTEST_BIN)/vminit \
+		$(addprefix -module ,$(VMTEST_MODULES)) \
 		-rlagent $(VMTEST_BIN)/rlagent -env RLAGENT_E2E_GLOBAL_RATE=$(VMTEST_RATE) -env RLAGENT_VMTEST=1 \
 		-suite '$(VMTEST_BIN)/bpf.test $(VMTEST_TESTFLAGS)' \
 		-suite '$(VMTEST_BIN)/maps.test $(VMTEST_TESTFLAGS)' \
