@@ -150,7 +150,7 @@ deps-vm: ## install xz-utils (to read the 6.12 kernel's compressed modules) with
 	fi; \
 	apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends xz-utils
 
-vmtest: deps-vm ## as root: bpf/, maps/ and test/e2e/ in a VM per kernel of KERNELS (fetches kernels and qemu; ~3 min a kernel)
+vmtest: deps-vm ## as root: bpf/, maps/ and test/e2e/ in a VM per kernel of KERNELS (fetches kernels and qemu; ~12 min a kernel)
 	@mkdir -p $(VMTEST_BIN)
 	CGO_ENABLED=0 $(GO) test -c -o $(VMTEST_BIN)/bpf.test ./bpf/
 	CGO_ENABLED=0 $(GO) test -c -o $(VMTEST_BIN)/maps.test ./maps/
