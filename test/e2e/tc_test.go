@@ -83,7 +83,15 @@ func (n *tcNode) waitHooks(want ...string) {
 	n.t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		st, err := agent.ReadAgentStatus(n.pinDir)
+		// Read where `rlagent status` runs on a node: in the agent's
+		// network namespace, where a clsact filter's interface can be
+		// looked up (kernels before 6.6 have no tcx link to ask).
+		var st agent.AgentStatus
+		err := n.topo.Node.Do(func() error {
+			var err error
+			st, err = agent.ReadAgentStatus(n.pinDir)
+			return err
+		})
 		missing := ""
 		for _, w := range want {
 			if err != nil || !hasHook(st, w) {
