@@ -393,10 +393,18 @@ func (a *Agent) reload(ctx context.Context) error {
 		a.att = attach.New(attach.Options{PinDir: cfg.PinDir, Log: a.log,
 			SkipPeerNetns: cfg.EndpointHook != v1alpha1.EndpointHookPod})
 	}
-	var added []placement
+	// added: the new interfaces' hooks. recheck: the XDP hooks of the
+	// interfaces of both configs when xdpFallback changes: where another
+	// program holds XDP, they run at TC ingress with tc and nowhere with
+	// none, so a change to none there is rejected as a new such interface
+	// is (and one to tc attaches the fallback before anything changes).
+	var added, recheck []placement
 	for _, p := range a.placements(a.appliedLimits(), nil) {
-		if !slices.Contains(old.Interfaces, p.point.Iface) {
+		switch {
+		case !slices.Contains(old.Interfaces, p.point.Iface):
 			added = append(added, p)
+		case cfg.XDPFallback != old.XDPFallback && p.point.Kind == attach.XDP:
+			recheck = append(recheck, p)
 		}
 	}
 	undoAttach := func() {
@@ -408,11 +416,21 @@ func (a *Agent) reload(ctx context.Context) error {
 			}
 		}
 	}
-	if err := a.syncLinks(added, false); err != nil {
+	reject := func(err error) error {
 		a.cfg, a.att = old, oldAtt
 		undoAttach()
 		a.syncLinks(a.placements(a.appliedLimits(), a.outcomePoints()), true)
 		return err
+	}
+	if err := a.syncLinks(added, false); err != nil {
+		return reject(err)
+	}
+	for _, p := range recheck {
+		// An interface missing now is attached when it is back, as
+		// before the reload.
+		if _, _, err := a.syncPlacement(p); err != nil && !errors.Is(err, attach.ErrNoInterface) {
+			return reject(err)
+		}
 	}
 
 	if !reflect.DeepEqual(cfg.Count, old.Count) {

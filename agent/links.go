@@ -261,10 +261,8 @@ func (a *Agent) syncPlacement(p placement) (st InterfaceStatus, used placement, 
 	case errors.Is(err, attach.ErrNoInterface):
 		st.State, st.Error = StateMissing, err.Error()
 	default:
+		// An *attach.XDPBusyError says what to do already.
 		st.State, st.Error = StateFailed, err.Error()
-		if errors.As(err, &busy) {
-			st.Error += "; remove that program, or set xdpFallback: tc to enforce from TC ingress"
-		}
 	}
 	return st, used, err
 }
