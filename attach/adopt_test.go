@@ -8,6 +8,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
 
+	"github.com/rlagent/rlagent/internal/bpftest"
 	"github.com/rlagent/rlagent/internal/nettest"
 )
 
@@ -29,11 +30,11 @@ func TestAdoptionWithoutGap(t *testing.T) {
 			p := pair(t, tc.subnet)
 			first := newAttacher(t, Options{ForceClsact: tc.clsact})
 			in := Point{Iface: "veth-b", Netns: nsPath(p.B), Kind: TCIngress}
-			old := newCounter(t, ebpf.SchedCLS, "test_old", tcxNext)
+			old := bpftest.NewCounter(t, ebpf.SchedCLS, "test_old", bpftest.TCXNext)
 			before := mustAttach(t, first, in, old.Prog)
 
 			refA := newAttacher(t, Options{})
-			ref := newCounter(t, ebpf.SchedCLS, "test_ref", tcxNext)
+			ref := bpftest.NewCounter(t, ebpf.SchedCLS, "test_ref", bpftest.TCXNext)
 			mustAttach(t, refA, Point{Iface: "veth-a", Netns: nsPath(p.A), Kind: TCEgress}, ref.Prog)
 
 			dst := netip.AddrPortFrom(p.B4, 7004)
@@ -42,7 +43,7 @@ func TestAdoptionWithoutGap(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer rc.Close()
-			sc, err := p.A.DialUDP("udp4", dst)
+			sc, err := p.A.DialUDP(dst)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -57,15 +58,15 @@ func TestAdoptionWithoutGap(t *testing.T) {
 			time.Sleep(300 * time.Millisecond)
 
 			second := New(Options{PinDir: first.pinDir, ForceClsact: tc.clsact, Log: testLogger(t)})
-			adopted := newCounter(t, ebpf.SchedCLS, "test_new", tcxNext)
+			adopted := bpftest.NewCounter(t, ebpf.SchedCLS, "test_new", bpftest.TCXNext)
 			res := mustAttach(t, second, in, adopted.Prog)
-			if res.Change != Replaced || res.Program != adopted.id(t) {
-				t.Fatalf("the second Attacher: %+v, want the attachment replaced, running %d", res, adopted.id(t))
+			if res.Change != Replaced || res.Program != adopted.ID(t) {
+				t.Fatalf("the second Attacher: %+v, want the attachment replaced, running %d", res, adopted.ID(t))
 			}
 			if tc.clsact {
-				fs := bpfFilters(t, p.B, "veth-b", netlink.HANDLE_MIN_INGRESS)
-				if len(fs) != 1 || fs[0].Id != int(adopted.id(t)) {
-					t.Fatalf("after adoption the hook has filters %+v, want one running %d", fs, adopted.id(t))
+				fs := bpftest.BPFFilters(t, p.B, "veth-b", netlink.HANDLE_MIN_INGRESS)
+				if len(fs) != 1 || fs[0].Id != int(adopted.ID(t)) {
+					t.Fatalf("after adoption the hook has filters %+v, want one running %d", fs, adopted.ID(t))
 				}
 			} else if res.Link != before.Link {
 				t.Fatalf("adoption made link %d, want the pinned link %d updated", res.Link, before.Link)
@@ -78,13 +79,13 @@ func TestAdoptionWithoutGap(t *testing.T) {
 
 			want := uint64(sent)
 			deadline := time.Now().Add(time.Second)
-			for ref.n(t) < want || old.n(t)+adopted.n(t) < ref.n(t) {
+			for ref.N(t) < want || old.N(t)+adopted.N(t) < ref.N(t) {
 				if time.Now().After(deadline) {
 					break
 				}
 				time.Sleep(5 * time.Millisecond)
 			}
-			r, o, a := ref.n(t), old.n(t), adopted.n(t)
+			r, o, a := ref.N(t), old.N(t), adopted.N(t)
 			t.Logf("sent %d; reference %d; old program %d, new program %d", sent, r, o, a)
 			if r != want {
 				t.Fatalf("the reference counted %d of %d packets sent", r, want)

@@ -11,6 +11,8 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/rlagent/rlagent/internal/bpftest"
 )
 
 // Cleanup removes our XDP link, tcx link and clsact filter and every pin,
@@ -24,8 +26,8 @@ func TestCleanupKeepsOthers(t *testing.T) {
 
 	// The others: XDP on veth-b, a tcx program on veth-b's egress, a clsact
 	// qdisc with a filter on veth-b's ingress.
-	fxdp := newCounter(t, ebpf.XDP, "foreign_xdp", xdpPass)
-	idxB := ifindex(t, p.B, "veth-b")
+	fxdp := bpftest.NewCounter(t, ebpf.XDP, "foreign_xdp", bpftest.XDPPass)
+	idxB := bpftest.IfIndex(t, p.B, "veth-b")
 	err := p.B.Do(func() error {
 		l, err := netlink.LinkByIndex(idxB)
 		if err != nil {
@@ -36,9 +38,9 @@ func TestCleanupKeepsOthers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ftcx := newCounter(t, ebpf.SchedCLS, "foreign_tcx", tcxNext)
-	attachForeignTCX(t, p.B, "veth-b", ebpf.AttachTCXEgress, ftcx.Prog)
-	fcls := newCounter(t, ebpf.SchedCLS, "foreign_cls", tcxNext)
+	ftcx := bpftest.NewCounter(t, ebpf.SchedCLS, "foreign_tcx", bpftest.TCXNext)
+	bpftest.AttachTCX(t, p.B, "veth-b", ebpf.AttachTCXEgress, ftcx.Prog)
+	fcls := bpftest.NewCounter(t, ebpf.SchedCLS, "foreign_cls", bpftest.TCXNext)
 	nlB, err := p.B.Netlink()
 	if err != nil {
 		t.Fatal(err)
@@ -59,11 +61,11 @@ func TestCleanupKeepsOthers(t *testing.T) {
 	}
 
 	// Ours: XDP on veth-a, tcx on veth-b's egress, clsact on its ingress.
-	mustAttach(t, a, Point{Iface: "veth-a", Netns: nsPath(p.A), Kind: XDP}, newCounter(t, ebpf.XDP, "test_xdp", xdpPass).Prog)
-	ours := newCounter(t, ebpf.SchedCLS, "test_tc", tcxNext)
+	mustAttach(t, a, Point{Iface: "veth-a", Netns: nsPath(p.A), Kind: XDP}, bpftest.NewCounter(t, ebpf.XDP, "test_xdp", bpftest.XDPPass).Prog)
+	ours := bpftest.NewCounter(t, ebpf.SchedCLS, "test_tc", bpftest.TCXNext)
 	mustAttach(t, a, Point{Iface: "veth-b", Netns: nsPath(p.B), Kind: TCEgress}, ours.Prog)
 	res := mustAttach(t, legacy, Point{Iface: "veth-b", Netns: nsPath(p.B), Kind: TCIngress}, ours.Prog)
-	if fs := bpfFilters(t, p.B, "veth-b", netlink.HANDLE_MIN_INGRESS); len(fs) != 2 || fs[0].Id != int(ours.id(t)) {
+	if fs := bpftest.BPFFilters(t, p.B, "veth-b", netlink.HANDLE_MIN_INGRESS); len(fs) != 2 || fs[0].Id != int(ours.ID(t)) {
 		t.Fatalf("veth-b ingress filters %+v, want ours first, then the foreign one", fs)
 	}
 	if res.Mode != ModeClsact {
@@ -76,20 +78,20 @@ func TestCleanupKeepsOthers(t *testing.T) {
 	if err := Cleanup(pinDir); err != nil {
 		t.Fatal(err)
 	}
-	if got := xdpProgram(t, p.A, "veth-a"); got != 0 {
+	if got := bpftest.XDPProgram(t, p.A, "veth-a"); got != 0 {
 		t.Errorf("our XDP program %d is still on veth-a", got)
 	}
-	if got := xdpProgram(t, p.B, "veth-b"); got != fxdp.id(t) {
-		t.Errorf("veth-b's XDP hook runs %d, want the foreign %d", got, fxdp.id(t))
+	if got := bpftest.XDPProgram(t, p.B, "veth-b"); got != fxdp.ID(t) {
+		t.Errorf("veth-b's XDP hook runs %d, want the foreign %d", got, fxdp.ID(t))
 	}
-	if got := tcxPrograms(t, p.B, "veth-b", ebpf.AttachTCXEgress); !slices.Equal(got, []ebpf.ProgramID{ftcx.id(t)}) {
-		t.Errorf("veth-b tcx egress runs %v, want only the foreign %d", got, ftcx.id(t))
+	if got := bpftest.TCXPrograms(t, p.B, "veth-b", ebpf.AttachTCXEgress); !slices.Equal(got, []ebpf.ProgramID{ftcx.ID(t)}) {
+		t.Errorf("veth-b tcx egress runs %v, want only the foreign %d", got, ftcx.ID(t))
 	}
-	left := bpfFilters(t, p.B, "veth-b", netlink.HANDLE_MIN_INGRESS)
-	if len(left) != 1 || left[0].Name != "foreign" || left[0].Id != int(fcls.id(t)) {
+	left := bpftest.BPFFilters(t, p.B, "veth-b", netlink.HANDLE_MIN_INGRESS)
+	if len(left) != 1 || left[0].Name != "foreign" || left[0].Id != int(fcls.ID(t)) {
 		t.Errorf("veth-b ingress filters %+v, want only the foreign one", left)
 	}
-	if !slices.Contains(qdiscTypes(t, p.B, "veth-b"), "clsact") {
+	if !slices.Contains(bpftest.Qdiscs(t, p.B, "veth-b"), "clsact") {
 		t.Errorf("Cleanup removed the clsact qdisc (it holds another filter)")
 	}
 	if _, err := os.Stat(filepath.Join(pinDir, "links")); !errors.Is(err, fs.ErrNotExist) {

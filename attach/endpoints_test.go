@@ -5,7 +5,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -93,40 +92,6 @@ func hostRoute(t *testing.T, nl *netlink.Handle, l netlink.Link, addr string) {
 	}
 }
 
-// startIn starts a process that sleeps in ns, the way a pod's pause
-// container holds its namespace, and kills it in Cleanup.
-func startIn(t *testing.T, ns *nettest.NS) int {
-	t.Helper()
-	sleep, err := exec.LookPath("sleep")
-	if err != nil {
-		testenv.SkipOrFail(t, "no sleep binary: %v", err)
-	}
-	cmd := exec.Command(sleep, "60")
-	if err := ns.Start(cmd); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-	})
-	// The launcher enters the namespace, then execs: wait until the
-	// process is in it.
-	want, err := netnsInode(nsPath(ns))
-	if err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		if got, err := netnsInode(fmt.Sprintf("/proc/%d/ns/net", cmd.Process.Pid)); err == nil && got == want {
-			return cmd.Process.Pid
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("process %d never entered %s", cmd.Process.Pid, ns.Name)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // endpointNode is a node namespace with pods behind a ptp route, pods on
 // a bridge, and a local address:
 //
@@ -194,7 +159,7 @@ func newEndpointNode(t *testing.T) *endpointNode {
 		filepath.Join(e.netnsDir, "cni-pod1")); err != nil {
 		t.Fatal(err)
 	}
-	e.pod2PID = startIn(t, e.pod2)
+	e.pod2PID = e.pod2.Hold(t)
 	e.a = newAttacher(t, Options{NetnsDirs: []string{e.netnsDir}})
 	return e
 }
@@ -205,7 +170,7 @@ func newEndpointNode(t *testing.T) *endpointNode {
 func (e *endpointNode) resolveBridged(t *testing.T) {
 	t.Helper()
 	for _, addr := range []string{"10.230.2.2", "10.230.2.3"} {
-		c, err := e.node.DialUDP("udp4", netip.MustParseAddrPort(addr+":9"))
+		c, err := e.node.DialUDP(netip.MustParseAddrPort(addr + ":9"))
 		if err != nil {
 			t.Fatal(err)
 		}

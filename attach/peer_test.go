@@ -12,6 +12,8 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/rlagent/rlagent/internal/bpftest"
 )
 
 // A CNI that delivers into a pod with bpf_redirect_peer (Cilium's BPF host
@@ -81,8 +83,8 @@ func TestPodSideIngressSeesRedirectPeer(t *testing.T) {
 		t.Fatal(err)
 	}
 	a := newAttacher(t, Options{NetnsDirs: []string{netnsDir}})
-	hostEgress := newCounter(t, ebpf.SchedCLS, "test_host_eg", tcxNext)
-	podIngress := newCounter(t, ebpf.SchedCLS, "test_pod_in", tcxNext)
+	hostEgress := bpftest.NewCounter(t, ebpf.SchedCLS, "test_host_eg", bpftest.TCXNext)
+	podIngress := bpftest.NewCounter(t, ebpf.SchedCLS, "test_pod_in", bpftest.TCXNext)
 
 	// As the agent would: in the node's namespace, find the endpoint, then
 	// attach at both sides of its pair.
@@ -116,8 +118,8 @@ func TestPodSideIngressSeesRedirectPeer(t *testing.T) {
 	if res.Point.Netns != filepath.Join(netnsDir, "cni-pod") || res.Point.Iface != "eth0" || res.Mode != ModeTCX {
 		t.Fatalf("pod-side attach = %+v", res)
 	}
-	if got := tcxPrograms(t, pod, "eth0", ebpf.AttachTCXIngress); len(got) != 1 || got[0] != podIngress.id(t) {
-		t.Fatalf("the pod's eth0 ingress runs %v, want [%d]", got, podIngress.id(t))
+	if got := bpftest.TCXPrograms(t, pod, "eth0", ebpf.AttachTCXIngress); len(got) != 1 || got[0] != podIngress.ID(t) {
+		t.Fatalf("the pod's eth0 ingress runs %v, want [%d]", got, podIngress.ID(t))
 	}
 
 	const n = 300
@@ -126,10 +128,10 @@ func TestPodSideIngressSeesRedirectPeer(t *testing.T) {
 
 	// Routed through the node: lxc1's egress, then the pod's ingress.
 	sendUDP(t, p.A, dst, n)
-	if got := waitCount(t, hostEgress, n); got != n {
+	if got := hostEgress.Wait(t, n); got != n {
 		t.Fatalf("forwarded: the host side's egress counted %d, want %d", got, n)
 	}
-	if got := waitCount(t, podIngress, n); got != n {
+	if got := podIngress.Wait(t, n); got != n {
 		t.Fatalf("forwarded: the pod side's ingress counted %d, want %d", got, n)
 	}
 	if got := receive(t, rc, n); got != n {
@@ -137,8 +139,8 @@ func TestPodSideIngressSeesRedirectPeer(t *testing.T) {
 	}
 
 	// Redirected to the peer: the host side's egress is skipped.
-	redir := redirectPeer(t, lxc1.Attrs().Index)
-	idx := ifindex(t, p.B, "veth-b")
+	redir := bpftest.RedirectPeer(t, lxc1.Attrs().Index)
+	idx := bpftest.IfIndex(t, p.B, "veth-b")
 	var l link.Link
 	if err := p.B.Do(func() (err error) {
 		l, err = link.AttachTCX(link.TCXOptions{Interface: idx, Program: redir, Attach: ebpf.AttachTCXIngress})
@@ -148,13 +150,13 @@ func TestPodSideIngressSeesRedirectPeer(t *testing.T) {
 	}
 	defer l.Close()
 	sendUDP(t, p.A, dst, n)
-	if got := waitCount(t, podIngress, 2*n); got != 2*n {
+	if got := podIngress.Wait(t, 2*n); got != 2*n {
 		t.Errorf("redirected: the pod side's ingress counted %d in all, want %d", got, 2*n)
 	}
 	if got := receive(t, rc, n); got != n {
 		t.Errorf("redirected: the pod received %d datagrams, want %d", got, n)
 	}
-	if got := hostEgress.n(t); got != n {
+	if got := hostEgress.N(t); got != n {
 		t.Errorf("redirected: the host side's egress counted %d in all, want %d: bpf_redirect_peer should skip it",
 			got, n)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
 
+	"github.com/rlagent/rlagent/internal/bpftest"
 	"github.com/rlagent/rlagent/internal/nettest"
 	"github.com/rlagent/rlagent/internal/testenv"
 )
@@ -106,7 +107,7 @@ func TestPinsPerNetns(t *testing.T) {
 	a := newAttacher(t, Options{})
 	px := Point{Iface: "eth0", Netns: nsPath(x), Kind: TCIngress}
 	py := Point{Iface: "eth0", Netns: nsPath(y), Kind: TCIngress}
-	c := newCounter(t, ebpf.SchedCLS, "test_ns", tcxNext)
+	c := bpftest.NewCounter(t, ebpf.SchedCLS, "test_ns", bpftest.TCXNext)
 	rx := mustAttach(t, a, px, c.Prog)
 	ry := mustAttach(t, a, py, c.Prog)
 	if rx.Pin == ry.Pin || rx.Link == ry.Link {
@@ -161,7 +162,7 @@ func TestAliveReadsOnly(t *testing.T) {
 		t.Fatalf("Alive created the pin directory: %v", err)
 	}
 
-	c := newCounter(t, ebpf.SchedCLS, "test_ro", tcxNext)
+	c := bpftest.NewCounter(t, ebpf.SchedCLS, "test_ro", bpftest.TCXNext)
 	res := mustAttach(t, a, pt, c.Prog)
 	nl, err := p.B.Netlink()
 	if err != nil {

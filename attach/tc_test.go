@@ -9,6 +9,8 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
+
+	"github.com/rlagent/rlagent/internal/bpftest"
 )
 
 // tcx on a veth's ingress and on the other end's egress sees every packet
@@ -19,36 +21,36 @@ func TestTCXCountsPackets(t *testing.T) {
 	a := newAttacher(t, Options{})
 	in := Point{Iface: "veth-b", Netns: nsPath(p.B), Kind: TCIngress}
 	eg := Point{Iface: "veth-a", Netns: nsPath(p.A), Kind: TCEgress}
-	cin := newCounter(t, ebpf.SchedCLS, "test_in", tcxNext)
-	ceg := newCounter(t, ebpf.SchedCLS, "test_eg", tcxNext)
+	cin := bpftest.NewCounter(t, ebpf.SchedCLS, "test_in", bpftest.TCXNext)
+	ceg := bpftest.NewCounter(t, ebpf.SchedCLS, "test_eg", bpftest.TCXNext)
 	for _, tc := range []struct {
 		p Point
-		c *counter
+		c *bpftest.Counter
 	}{{in, cin}, {eg, ceg}} {
 		res := mustAttach(t, a, tc.p, tc.c.Prog)
-		if res.Mode != ModeTCX || res.Change != Created || res.Program != tc.c.id(t) || res.Link == 0 {
-			t.Fatalf("Attach(%s) = %+v, want a new tcx link running program %d", tc.p, res, tc.c.id(t))
+		if res.Mode != ModeTCX || res.Change != Created || res.Program != tc.c.ID(t) || res.Link == 0 {
+			t.Fatalf("Attach(%s) = %+v, want a new tcx link running program %d", tc.p, res, tc.c.ID(t))
 		}
 		again := mustAttach(t, a, tc.p, tc.c.Prog)
 		if again.Change != Kept || again.Link != res.Link {
 			t.Errorf("second Attach(%s) = %+v, want link %d kept", tc.p, again, res.Link)
 		}
-		if alive := mustAlive(t, a, tc.p); alive.Mode != ModeTCX || alive.Program != tc.c.id(t) || alive.Link != res.Link {
-			t.Errorf("Alive(%s) = %+v, want link %d with program %d", tc.p, alive, res.Link, tc.c.id(t))
+		if alive := mustAlive(t, a, tc.p); alive.Mode != ModeTCX || alive.Program != tc.c.ID(t) || alive.Link != res.Link {
+			t.Errorf("Alive(%s) = %+v, want link %d with program %d", tc.p, alive, res.Link, tc.c.ID(t))
 		}
 	}
-	if got := tcxPrograms(t, p.B, "veth-b", ebpf.AttachTCXIngress); !slices.Equal(got, []ebpf.ProgramID{cin.id(t)}) {
-		t.Errorf("veth-b tcx ingress runs %v, want [%d]", got, cin.id(t))
+	if got := bpftest.TCXPrograms(t, p.B, "veth-b", ebpf.AttachTCXIngress); !slices.Equal(got, []ebpf.ProgramID{cin.ID(t)}) {
+		t.Errorf("veth-b tcx ingress runs %v, want [%d]", got, cin.ID(t))
 	}
 
 	const n = 200
 	dst := netip.AddrPortFrom(p.B4, 7001)
 	listen(t, p.B, dst)
 	sendUDP(t, p.A, dst, n)
-	if got := waitCount(t, cin, n); got != n {
+	if got := cin.Wait(t, n); got != n {
 		t.Errorf("ingress of veth-b counted %d IPv4 packets, want %d", got, n)
 	}
-	if got := waitCount(t, ceg, n); got != n {
+	if got := ceg.Wait(t, n); got != n {
 		t.Errorf("egress of veth-a counted %d IPv4 packets, want %d", got, n)
 	}
 
@@ -71,62 +73,62 @@ func TestClsactCountsAndReplacesInPlace(t *testing.T) {
 	a := newAttacher(t, Options{ForceClsact: true})
 	in := Point{Iface: "veth-b", Netns: nsPath(p.B), Kind: TCIngress}
 	eg := Point{Iface: "veth-a", Netns: nsPath(p.A), Kind: TCEgress}
-	c1 := newCounter(t, ebpf.SchedCLS, "test_in1", tcxNext)
-	ceg := newCounter(t, ebpf.SchedCLS, "test_eg", tcxNext)
+	c1 := bpftest.NewCounter(t, ebpf.SchedCLS, "test_in1", bpftest.TCXNext)
+	ceg := bpftest.NewCounter(t, ebpf.SchedCLS, "test_eg", bpftest.TCXNext)
 
 	res := mustAttach(t, a, in, c1.Prog)
-	if res.Mode != ModeClsact || res.Change != Created || res.Program != c1.id(t) {
-		t.Fatalf("Attach(%s) = %+v, want a new clsact filter running %d", in, res, c1.id(t))
+	if res.Mode != ModeClsact || res.Change != Created || res.Program != c1.ID(t) {
+		t.Fatalf("Attach(%s) = %+v, want a new clsact filter running %d", in, res, c1.ID(t))
 	}
 	if res := mustAttach(t, a, eg, ceg.Prog); res.Mode != ModeClsact {
 		t.Fatalf("Attach(%s) = %+v, want clsact", eg, res)
 	}
-	if !slices.Contains(qdiscTypes(t, p.B, "veth-b"), "clsact") {
-		t.Errorf("veth-b has qdiscs %v, want a clsact", qdiscTypes(t, p.B, "veth-b"))
+	if !slices.Contains(bpftest.Qdiscs(t, p.B, "veth-b"), "clsact") {
+		t.Errorf("veth-b has qdiscs %v, want a clsact", bpftest.Qdiscs(t, p.B, "veth-b"))
 	}
-	if got := tcxPrograms(t, p.B, "veth-b", ebpf.AttachTCXIngress); len(got) != 0 {
+	if got := bpftest.TCXPrograms(t, p.B, "veth-b", ebpf.AttachTCXIngress); len(got) != 0 {
 		t.Errorf("ForceClsact left tcx programs %v on veth-b", got)
 	}
-	before := bpfFilters(t, p.B, "veth-b", netlink.HANDLE_MIN_INGRESS)
-	if len(before) != 1 || !strings.HasPrefix(before[0].Name, filterPrefix) || before[0].Id != int(c1.id(t)) ||
+	before := bpftest.BPFFilters(t, p.B, "veth-b", netlink.HANDLE_MIN_INGRESS)
+	if len(before) != 1 || !strings.HasPrefix(before[0].Name, filterPrefix) || before[0].Id != int(c1.ID(t)) ||
 		!before[0].DirectAction {
-		t.Fatalf("veth-b ingress filters %+v, want one direct-action %s* filter running %d", before, filterPrefix, c1.id(t))
+		t.Fatalf("veth-b ingress filters %+v, want one direct-action %s* filter running %d", before, filterPrefix, c1.ID(t))
 	}
 
 	const n = 100
 	dst := netip.AddrPortFrom(p.B4, 7002)
 	listen(t, p.B, dst)
 	sendUDP(t, p.A, dst, n)
-	if got := waitCount(t, c1, n); got != n {
+	if got := c1.Wait(t, n); got != n {
 		t.Errorf("clsact ingress counted %d, want %d", got, n)
 	}
-	if got := waitCount(t, ceg, n); got != n {
+	if got := ceg.Wait(t, n); got != n {
 		t.Errorf("clsact egress counted %d, want %d", got, n)
 	}
 
 	if res := mustAttach(t, a, in, c1.Prog); res.Change != Kept {
 		t.Errorf("Attach with the same program: %v, want kept", res.Change)
 	}
-	c2 := newCounter(t, ebpf.SchedCLS, "test_in2", tcxNext)
-	if res := mustAttach(t, a, in, c2.Prog); res.Change != Replaced || res.Program != c2.id(t) {
-		t.Fatalf("Attach with a new program = %+v, want replaced, running %d", res, c2.id(t))
+	c2 := bpftest.NewCounter(t, ebpf.SchedCLS, "test_in2", bpftest.TCXNext)
+	if res := mustAttach(t, a, in, c2.Prog); res.Change != Replaced || res.Program != c2.ID(t) {
+		t.Fatalf("Attach with a new program = %+v, want replaced, running %d", res, c2.ID(t))
 	}
-	after := bpfFilters(t, p.B, "veth-b", netlink.HANDLE_MIN_INGRESS)
+	after := bpftest.BPFFilters(t, p.B, "veth-b", netlink.HANDLE_MIN_INGRESS)
 	if len(after) != 1 {
 		t.Fatalf("after re-attach veth-b has %d ingress filters (%+v), want 1", len(after), after)
 	}
-	if after[0].Priority != before[0].Priority || after[0].Handle != before[0].Handle || after[0].Id != int(c2.id(t)) {
+	if after[0].Priority != before[0].Priority || after[0].Handle != before[0].Handle || after[0].Id != int(c2.ID(t)) {
 		t.Errorf("after re-attach the filter is prio %d handle %x program %d, want prio %d handle %x program %d",
-			after[0].Priority, after[0].Handle, after[0].Id, before[0].Priority, before[0].Handle, c2.id(t))
+			after[0].Priority, after[0].Handle, after[0].Id, before[0].Priority, before[0].Handle, c2.ID(t))
 	}
-	if alive := mustAlive(t, a, in); alive.Mode != ModeClsact || alive.Program != c2.id(t) {
-		t.Errorf("Alive = %+v, want clsact running %d", alive, c2.id(t))
+	if alive := mustAlive(t, a, in); alive.Mode != ModeClsact || alive.Program != c2.ID(t) {
+		t.Errorf("Alive = %+v, want clsact running %d", alive, c2.ID(t))
 	}
 	sendUDP(t, p.A, dst, n)
-	if got := waitCount(t, c2, n); got != n {
+	if got := c2.Wait(t, n); got != n {
 		t.Errorf("the new program counted %d, want %d", got, n)
 	}
-	if got := c1.n(t); got != n {
+	if got := c1.N(t); got != n {
 		t.Errorf("the old program counted %d after it was replaced, want it to stay at %d", got, n)
 	}
 
@@ -134,10 +136,10 @@ func TestClsactCountsAndReplacesInPlace(t *testing.T) {
 	if err := a.Detach(in); err != nil {
 		t.Fatal(err)
 	}
-	if got := bpfFilters(t, p.B, "veth-b", netlink.HANDLE_MIN_INGRESS); len(got) != 0 {
+	if got := bpftest.BPFFilters(t, p.B, "veth-b", netlink.HANDLE_MIN_INGRESS); len(got) != 0 {
 		t.Errorf("after Detach: filters %+v", got)
 	}
-	if !slices.Contains(qdiscTypes(t, p.B, "veth-b"), "clsact") {
+	if !slices.Contains(bpftest.Qdiscs(t, p.B, "veth-b"), "clsact") {
 		t.Errorf("Detach removed the clsact qdisc")
 	}
 	notAlive(t, a, in, "nothing pinned")
@@ -149,19 +151,19 @@ func TestClsactCountsAndReplacesInPlace(t *testing.T) {
 func TestTCXKeepsOthersOrder(t *testing.T) {
 	p := pair(t, "10.220.3.0/24")
 	a := newAttacher(t, Options{})
-	fa := newCounter(t, ebpf.SchedCLS, "foreign_a", tcxNext)
-	fb := newCounter(t, ebpf.SchedCLS, "foreign_b", tcxNext)
-	attachForeignTCX(t, p.B, "veth-b", ebpf.AttachTCXIngress, fa.Prog)
-	attachForeignTCX(t, p.B, "veth-b", ebpf.AttachTCXIngress, fb.Prog)
-	order := func() []ebpf.ProgramID { return tcxPrograms(t, p.B, "veth-b", ebpf.AttachTCXIngress) }
-	if got, want := order(), []ebpf.ProgramID{fa.id(t), fb.id(t)}; !slices.Equal(got, want) {
+	fa := bpftest.NewCounter(t, ebpf.SchedCLS, "foreign_a", bpftest.TCXNext)
+	fb := bpftest.NewCounter(t, ebpf.SchedCLS, "foreign_b", bpftest.TCXNext)
+	bpftest.AttachTCX(t, p.B, "veth-b", ebpf.AttachTCXIngress, fa.Prog)
+	bpftest.AttachTCX(t, p.B, "veth-b", ebpf.AttachTCXIngress, fb.Prog)
+	order := func() []ebpf.ProgramID { return bpftest.TCXPrograms(t, p.B, "veth-b", ebpf.AttachTCXIngress) }
+	if got, want := order(), []ebpf.ProgramID{fa.ID(t), fb.ID(t)}; !slices.Equal(got, want) {
 		t.Fatalf("foreign programs run as %v, want %v", got, want)
 	}
 
 	in := Point{Iface: "veth-b", Netns: nsPath(p.B), Kind: TCIngress}
-	ours := newCounter(t, ebpf.SchedCLS, "test_ours", tcxNext)
+	ours := bpftest.NewCounter(t, ebpf.SchedCLS, "test_ours", bpftest.TCXNext)
 	mustAttach(t, a, in, ours.Prog)
-	if got, want := order(), []ebpf.ProgramID{ours.id(t), fa.id(t), fb.id(t)}; !slices.Equal(got, want) {
+	if got, want := order(), []ebpf.ProgramID{ours.ID(t), fa.ID(t), fb.ID(t)}; !slices.Equal(got, want) {
 		t.Fatalf("after Attach the hook runs %v, want %v (ours first, the others in their order)", got, want)
 	}
 
@@ -169,24 +171,24 @@ func TestTCXKeepsOthersOrder(t *testing.T) {
 	dst := netip.AddrPortFrom(p.B4, 7003)
 	listen(t, p.B, dst)
 	sendUDP(t, p.A, dst, n)
-	for name, c := range map[string]*counter{"ours": ours, "foreign_a": fa, "foreign_b": fb} {
-		if got := waitCount(t, c, n); got != n {
+	for name, c := range map[string]*bpftest.Counter{"ours": ours, "foreign_a": fa, "foreign_b": fb} {
+		if got := c.Wait(t, n); got != n {
 			t.Errorf("%s counted %d, want %d: every program after ours must see every packet", name, got, n)
 		}
 	}
 
-	ours2 := newCounter(t, ebpf.SchedCLS, "test_ours2", tcxNext)
+	ours2 := bpftest.NewCounter(t, ebpf.SchedCLS, "test_ours2", bpftest.TCXNext)
 	if res := mustAttach(t, a, in, ours2.Prog); res.Change != Replaced {
 		t.Fatalf("Attach of a new program: %v, want replaced", res.Change)
 	}
-	if got, want := order(), []ebpf.ProgramID{ours2.id(t), fa.id(t), fb.id(t)}; !slices.Equal(got, want) {
+	if got, want := order(), []ebpf.ProgramID{ours2.ID(t), fa.ID(t), fb.ID(t)}; !slices.Equal(got, want) {
 		t.Fatalf("after replacing our program the hook runs %v, want %v", got, want)
 	}
 
 	if err := a.Detach(in); err != nil {
 		t.Fatal(err)
 	}
-	if got, want := order(), []ebpf.ProgramID{fa.id(t), fb.id(t)}; !slices.Equal(got, want) {
+	if got, want := order(), []ebpf.ProgramID{fa.ID(t), fb.ID(t)}; !slices.Equal(got, want) {
 		t.Fatalf("after Detach the hook runs %v, want %v", got, want)
 	}
 }
@@ -197,7 +199,7 @@ func TestDeadPinReplaced(t *testing.T) {
 	p := pair(t, "10.220.4.0/24")
 	a := newAttacher(t, Options{})
 	in := Point{Iface: "veth-b", Netns: nsPath(p.B), Kind: TCIngress}
-	c := newCounter(t, ebpf.SchedCLS, "test_dead", tcxNext)
+	c := bpftest.NewCounter(t, ebpf.SchedCLS, "test_dead", bpftest.TCXNext)
 	first := mustAttach(t, a, in, c.Prog)
 
 	nlB, err := p.B.Netlink()
@@ -243,27 +245,27 @@ func TestClsactOnIngressQdisc(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nl.Close()
-	idx := ifindex(t, p.B, "veth-b")
+	idx := bpftest.IfIndex(t, p.B, "veth-b")
 	err = nl.QdiscAdd(&netlink.Ingress{QdiscAttrs: netlink.QdiscAttrs{LinkIndex: idx,
 		Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_INGRESS}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	a := newAttacher(t, Options{ForceClsact: true})
-	c := newCounter(t, ebpf.SchedCLS, "test_ingq", tcxNext)
+	c := bpftest.NewCounter(t, ebpf.SchedCLS, "test_ingq", bpftest.TCXNext)
 	mustAttach(t, a, Point{Iface: "veth-b", Netns: nsPath(p.B), Kind: TCIngress}, c.Prog)
 	const n = 50
 	dst := netip.AddrPortFrom(p.B4, 7006)
 	listen(t, p.B, dst)
 	sendUDP(t, p.A, dst, n)
-	if got := waitCount(t, c, n); got != n {
+	if got := c.Wait(t, n); got != n {
 		t.Errorf("the filter on the ingress qdisc counted %d, want %d", got, n)
 	}
 	_, err = a.Attach(Point{Iface: "veth-b", Netns: nsPath(p.B), Kind: TCEgress}, c.Prog)
 	if err == nil || !strings.Contains(err.Error(), "replace it with clsact") {
 		t.Errorf("egress on an ingress qdisc: %v, want an error saying to replace it with clsact", err)
 	}
-	if q := qdiscTypes(t, p.B, "veth-b"); !slices.Contains(q, "ingress") || slices.Contains(q, "clsact") {
+	if q := bpftest.Qdiscs(t, p.B, "veth-b"); !slices.Contains(q, "ingress") || slices.Contains(q, "clsact") {
 		t.Errorf("qdiscs %v, want the ingress qdisc kept", q)
 	}
 }

@@ -10,6 +10,8 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
+
+	"github.com/rlagent/rlagent/internal/bpftest"
 )
 
 // XDP in the caller's namespace is pinned where the agent has always pinned
@@ -20,8 +22,8 @@ func TestXDPAttachKeepAdopt(t *testing.T) {
 	p := pair(t, "10.220.7.0/24")
 	a := newAttacher(t, Options{})
 	pt := Point{Iface: "veth-a", Kind: XDP} // Netns "": the calling thread's, A below
-	c1 := newCounter(t, ebpf.XDP, "test_xdp1", xdpPass)
-	c2 := newCounter(t, ebpf.XDP, "test_xdp2", xdpPass)
+	c1 := bpftest.NewCounter(t, ebpf.XDP, "test_xdp1", bpftest.XDPPass)
+	c2 := bpftest.NewCounter(t, ebpf.XDP, "test_xdp2", bpftest.XDPPass)
 
 	var first, again, replaced, adopted Attached
 	var alive Attached
@@ -58,17 +60,17 @@ func TestXDPAttachKeepAdopt(t *testing.T) {
 	if again.Change != Kept || again.Link != first.Link || again.Mode != ModeNative {
 		t.Errorf("second Attach = %+v, want link %d kept, native", again, first.Link)
 	}
-	if replaced.Change != Replaced || replaced.Link != first.Link || replaced.Program != c2.id(t) {
-		t.Errorf("Attach of a new program = %+v, want link %d replaced, running %d", replaced, first.Link, c2.id(t))
+	if replaced.Change != Replaced || replaced.Link != first.Link || replaced.Program != c2.ID(t) {
+		t.Errorf("Attach of a new program = %+v, want link %d replaced, running %d", replaced, first.Link, c2.ID(t))
 	}
-	if adopted.Change != Replaced || adopted.Link != first.Link || adopted.Program != c1.id(t) {
-		t.Errorf("a new Attacher = %+v, want link %d adopted, running %d", adopted, first.Link, c1.id(t))
+	if adopted.Change != Replaced || adopted.Link != first.Link || adopted.Program != c1.ID(t) {
+		t.Errorf("a new Attacher = %+v, want link %d adopted, running %d", adopted, first.Link, c1.ID(t))
 	}
-	if alive.Link != first.Link || alive.Program != c1.id(t) || alive.Mode != ModeNative {
+	if alive.Link != first.Link || alive.Program != c1.ID(t) || alive.Mode != ModeNative {
 		t.Errorf("Alive = %+v", alive)
 	}
-	if got := xdpProgram(t, p.A, "veth-a"); got != c1.id(t) {
-		t.Errorf("veth-a's XDP hook runs %d, want %d", got, c1.id(t))
+	if got := bpftest.XDPProgram(t, p.A, "veth-a"); got != c1.ID(t) {
+		t.Errorf("veth-a's XDP hook runs %d, want %d", got, c1.ID(t))
 	}
 }
 
@@ -86,8 +88,8 @@ func TestXDPBusy(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			p := pair(t, tc.subnet)
 			a := newAttacher(t, Options{})
-			foreign := newCounter(t, ebpf.XDP, "foreign_xdp", xdpPass)
-			idx := ifindex(t, p.B, "veth-b")
+			foreign := bpftest.NewCounter(t, ebpf.XDP, "foreign_xdp", bpftest.XDPPass)
+			idx := bpftest.IfIndex(t, p.B, "veth-b")
 			var fl link.Link
 			if tc.viaNL {
 				// As ip link set dev veth-b xdp ... does (netlink, no link).
@@ -113,7 +115,7 @@ func TestXDPBusy(t *testing.T) {
 			}
 
 			pt := Point{Iface: "veth-b", Netns: nsPath(p.B), Kind: XDP}
-			ours := newCounter(t, ebpf.XDP, "test_ours", xdpPass)
+			ours := bpftest.NewCounter(t, ebpf.XDP, "test_ours", bpftest.XDPPass)
 			_, err := a.Attach(pt, ours.Prog)
 			if !errors.Is(err, ErrXDPBusy) {
 				t.Fatalf("Attach = %v, want ErrXDPBusy", err)
@@ -123,8 +125,8 @@ func TestXDPBusy(t *testing.T) {
 			if !errors.As(err, &be) {
 				t.Fatalf("%v is not an *XDPBusyError", err)
 			}
-			if be.Program != foreign.id(t) || be.Name != "foreign_xdp" {
-				t.Errorf("the error names program %d %q, want %d %q", be.Program, be.Name, foreign.id(t), "foreign_xdp")
+			if be.Program != foreign.ID(t) || be.Name != "foreign_xdp" {
+				t.Errorf("the error names program %d %q, want %d %q", be.Program, be.Name, foreign.ID(t), "foreign_xdp")
 			}
 			if !tc.viaNL {
 				info, ierr := fl.Info()
@@ -140,8 +142,8 @@ func TestXDPBusy(t *testing.T) {
 					t.Errorf("the message %q does not say %q", err, want)
 				}
 			}
-			if got := xdpProgram(t, p.B, "veth-b"); got != foreign.id(t) {
-				t.Errorf("the XDP hook runs %d after the refusal, want the foreign %d", got, foreign.id(t))
+			if got := bpftest.XDPProgram(t, p.B, "veth-b"); got != foreign.ID(t) {
+				t.Errorf("the XDP hook runs %d after the refusal, want the foreign %d", got, foreign.ID(t))
 			}
 			if pinned, _ := Pinned(a.pinDir); len(pinned) != 0 {
 				t.Errorf("a refused attach left pins %v", pinned)
