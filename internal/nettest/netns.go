@@ -3,12 +3,15 @@ package nettest
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"runtime"
 	"slices"
 	"strings"
 	"syscall"
+	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -193,6 +196,9 @@ func (ns *NS) Start(cmd *exec.Cmd) error {
 // program; it returns only to exit with status 127 on failure. Call it first
 // in TestMain or main.
 func MaybeExec() {
+	if os.Getenv(holdEnv) == "1" && os.Getenv(execEnv) == "" {
+		hold()
+	}
 	if os.Getenv(execEnv) == "" {
 		return
 	}
@@ -226,4 +232,94 @@ func (ns *NS) link(ifname string) (*netlink.Handle, netlink.Link, error) {
 		return nil, nil, fmt.Errorf("%s in %s: %w", ifname, ns.Name, err)
 	}
 	return nl, l, nil
+}
+
+// holdEnv makes the test binary, started by Hold, a holder of the
+// namespace it was started in (MaybeExec then calls hold).
+const holdEnv = "RLAGENT_NETTEST_NETNS_HOLD"
+
+// holdSpan bounds a holder's life, should its parent leave it behind.
+const holdSpan = 10 * time.Minute
+
+// hold waits until standard input closes (the test is done with the
+// holder, or gone) or holdSpan has passed, and exits.
+func hold() {
+	done := make(chan struct{})
+	go func() {
+		io.Copy(io.Discard, os.Stdin)
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(holdSpan):
+	}
+	os.Exit(0)
+}
+
+// Hold starts a process that does nothing but sit in ns, the way a pod's
+// pause container holds the pod's network namespace, so that ns has a
+// /proc/PID/ns/net (the fixture's namespaces are otherwise held only by the
+// test's descriptors, which a program looking for pods does not find). The
+// process is the test binary itself (a VM has no sleep binary): call
+// MaybeExec first in TestMain. Hold returns the process's PID once it is in
+// ns; Cleanup ends it, so call Hold before anything whose cleanup needs
+// the namespace found.
+func (ns *NS) Hold(tb testing.TB) int {
+	tb.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cmd := exec.Command(self)
+	cmd.Env = append(os.Environ(), holdEnv+"=1")
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := ns.Start(cmd); err != nil {
+		tb.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() {
+		cmd.Wait()
+		close(exited)
+	}()
+	tb.Cleanup(func() {
+		stdin.Close()
+		select {
+		case <-exited:
+		case <-time.After(5 * time.Second):
+			cmd.Process.Kill()
+			<-exited
+		}
+	})
+	// The launcher enters ns, then execs: wait until the process is in it.
+	want, err := inode(fmt.Sprintf("/proc/self/fd/%d", int(ns.h)))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if got, err := inode(fmt.Sprintf("/proc/%d/ns/net", cmd.Process.Pid)); err == nil && got == want {
+			return cmd.Process.Pid
+		}
+		select {
+		case <-exited:
+			tb.Fatalf("the holder of %s (pid %d) exited: %v", ns.Name, cmd.Process.Pid, cmd.ProcessState)
+		default:
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("the holder (pid %d) never entered %s", cmd.Process.Pid, ns.Name)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// inode is the inode of the file at path: a namespace's identity.
+func inode(path string) (uint64, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return 0, err
+	}
+	return st.Ino, nil
 }

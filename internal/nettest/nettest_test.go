@@ -2,6 +2,7 @@ package nettest
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -53,7 +54,7 @@ func TestPairReachesBothWays(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer rc.Close()
-			sc, err := tc.from.DialUDP(tc.network, dst)
+			sc, err := tc.from.DialUDP(dst)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -107,6 +108,35 @@ func TestDoRunsInTheNamespaceAndComesBack(t *testing.T) {
 	}
 }
 
+// TestHoldSitsInTheNamespace: a holder is a process in the namespace, as a
+// pod's pause container is, until the test that started it ends.
+func TestHoldSitsInTheNamespace(t *testing.T) {
+	testenv.RequireRoot(t)
+	ns, err := NewNS("hold")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	var pid int
+	t.Run("held", func(t *testing.T) {
+		pid = ns.Hold(t)
+		got, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := fmt.Sprintf("net:[%d]", nsInode(t, int(ns.Handle()))); got != want {
+			t.Errorf("the holder (pid %d) is in %s, want %s", pid, got, want)
+		}
+		if got, _ := os.Readlink("/proc/self/ns/net"); got == fmt.Sprintf("net:[%d]", nsInode(t, int(ns.Handle()))) {
+			t.Error("the test process itself moved into the namespace")
+		}
+	})
+	// The subtest's Cleanup ended and reaped it.
+	if err := unix.Kill(pid, 0); !errors.Is(err, unix.ESRCH) {
+		t.Errorf("the holder (pid %d) is still there after its test ended: kill 0 = %v", pid, err)
+	}
+}
+
 // TestStartRunsTheProgramInTheNamespace starts this test binary through the
 // launcher and has it print the namespace it runs in.
 func TestStartRunsTheProgramInTheNamespace(t *testing.T) {
@@ -154,7 +184,7 @@ func TestSenderPacesAndReceiverCounts(t *testing.T) {
 	}
 	r := StartReceiver(rc, ReceiverConfig{Span: 10 * time.Second})
 	defer r.Close()
-	sc, err := p.A.DialUDP("udp4", dst)
+	sc, err := p.A.DialUDP(dst)
 	if err != nil {
 		t.Fatal(err)
 	}

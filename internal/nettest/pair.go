@@ -217,8 +217,13 @@ func (ns *NS) ListenUDP(network string, addr netip.AddrPort, rcvbuf int) (*net.U
 	return c, nil
 }
 
-// DialUDP opens a UDP socket in the namespace connected to raddr.
-func (ns *NS) DialUDP(network string, raddr netip.AddrPort) (*net.UDPConn, error) {
+// DialUDP opens a UDP socket in the namespace connected to raddr, of
+// raddr's family.
+func (ns *NS) DialUDP(raddr netip.AddrPort) (*net.UDPConn, error) {
+	network := "udp4"
+	if raddr.Addr().Is6() && !raddr.Addr().Is4In6() {
+		network = "udp6"
+	}
 	var c *net.UDPConn
 	err := ns.Do(func() error {
 		var err error
@@ -229,6 +234,22 @@ func (ns *NS) DialUDP(network string, raddr netip.AddrPort) (*net.UDPConn, error
 		return nil, fmt.Errorf("dial %s %s in %s: %w", network, raddr, ns.Name, err)
 	}
 	return c, nil
+}
+
+// SendUDP sends n datagrams with payload from the namespace to dst, back
+// to back, from one socket.
+func (ns *NS) SendUDP(dst netip.AddrPort, n int, payload []byte) error {
+	c, err := ns.DialUDP(dst)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	for i := range n {
+		if _, err := c.Write(payload); err != nil {
+			return fmt.Errorf("send datagram %d of %d to %s from %s: %w", i+1, n, dst, ns.Name, err)
+		}
+	}
+	return nil
 }
 
 func setRcvbuf(c *net.UDPConn, n int) error {

@@ -192,9 +192,14 @@ type BulkConfig struct {
 	WriteSize int
 	// Bin is the width of the bins of Sent (default DefaultBin).
 	Bin time.Duration
+	// Rate paces the sender, in bytes/s (0: as fast as the path allows).
+	// It writes WriteSize bytes whenever it has the credit, checking every
+	// millisecond, and does not catch up after a stall of more than 10 ms.
+	Rate float64
 }
 
-// Bulk sends bytes on one TCP connection as fast as the path allows, and
+// Bulk sends bytes on one TCP connection as fast as the path allows (or at
+// a pace), and
 // stops by itself at its bounds. At the end it shuts its side down (FIN),
 // so the sink reads to the end and the kernel delivers what is queued.
 type Bulk struct {
@@ -252,11 +257,11 @@ func (b *Bulk) run(cfg BulkConfig) {
 		buf[i] = byte(i)
 	}
 	var total int64
+	pace := newPacer(cfg.Rate, float64(cfg.WriteSize))
+	defer pace.stop()
 	for total < cfg.Bytes {
-		select {
-		case <-b.stop:
+		if !pace.take(b.stop) {
 			return
-		default:
 		}
 		n, err := b.conn.Write(buf[:min(int64(len(buf)), cfg.Bytes-total)])
 		if n > 0 {
@@ -273,6 +278,55 @@ func (b *Bulk) run(cfg BulkConfig) {
 	// Everything is written: a FIN after it, and Close (deferred) leaves
 	// the kernel to deliver what is still queued.
 	b.conn.CloseWrite()
+}
+
+// pacer hands out credit for writes of a fixed size at a rate.
+type pacer struct {
+	rate, size float64
+	credit     float64
+	last       time.Time
+	tick       *time.Ticker // nil: no pace
+}
+
+func newPacer(rate, size float64) *pacer {
+	p := &pacer{rate: rate, size: size, last: time.Now()}
+	if rate > 0 {
+		p.tick = time.NewTicker(time.Millisecond)
+	}
+	return p
+}
+
+// take waits until there is credit for a write and spends it; it returns
+// false if stop closed first.
+func (p *pacer) take(stop <-chan struct{}) bool {
+	for {
+		select {
+		case <-stop:
+			return false
+		default:
+		}
+		if p.tick == nil {
+			return true
+		}
+		now := time.Now()
+		p.credit = min(p.credit+p.rate*now.Sub(p.last).Seconds(), p.size+p.rate*0.010)
+		p.last = now
+		if p.credit >= p.size {
+			p.credit -= p.size
+			return true
+		}
+		select {
+		case <-stop:
+			return false
+		case <-p.tick.C:
+		}
+	}
+}
+
+func (p *pacer) stop() {
+	if p.tick != nil {
+		p.tick.Stop()
+	}
 }
 
 // Stop stops the sender and waits for it. It is idempotent.

@@ -2,6 +2,7 @@ package nettest
 
 import (
 	"encoding/binary"
+	"math"
 	"net"
 	"net/netip"
 	"testing"
@@ -288,4 +289,38 @@ func TestTCPThroughService(t *testing.T) {
 			t.Logf("%s: 8 MiB through the service at %.0f MB/s", cl.name, rate/1e6)
 		}
 	})
+}
+
+// A paced bulk sender writes at its rate, not as fast as the path allows,
+// and the sink receives it as written.
+func TestTCPBulkPaced(t *testing.T) {
+	testenv.RequireRoot(t)
+	topo := MustTopology(t, TopologyConfig{Uplink: true, RoutedPods: []string{"c"}})
+	pod := topo.Pod("c")
+	sink := startSink(t, pod.NS, netip.AddrPortFrom(pod.Addr4, 5001))
+	const rate = 4 << 20 // bytes/s
+	b, err := topo.Remote.StartBulk(sink.Addr(), BulkConfig{Bytes: 64 << 20, Duration: 2 * time.Second,
+		WriteSize: 16 << 10, Rate: rate})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Stop()
+	<-b.Done()
+	if err := b.Err(); err != nil {
+		t.Fatal(err)
+	}
+	from := b.Started().Add(500 * time.Millisecond)
+	to := from.Add(time.Second)
+	sent := b.Sent().Rate(from, to)
+	if !sink.WaitReceived(b.Sent().Total(), 5*time.Second) {
+		t.Fatalf("the sink got %d of %d bytes", sink.Received().Total(), b.Sent().Total())
+	}
+	got := sink.Received().Rate(from, to)
+	t.Logf("paced at %d B/s: wrote %.0f B/s, the sink received %.0f B/s", rate, sent, got)
+	if math.Abs(sent-rate) > 0.05*rate {
+		t.Errorf("the sender wrote %.0f B/s, want %d +-5%%", sent, rate)
+	}
+	if math.Abs(got-sent) > 0.05*sent {
+		t.Errorf("the sink received %.0f B/s of the %.0f written", got, sent)
+	}
 }

@@ -900,7 +900,7 @@ func (t *Topology) primeBridge(timeout time.Duration) error {
 			continue
 		}
 		for {
-			c, err := p.NS.DialUDP("udp4", netip.AddrPortFrom(t.Gateway4, 9)) // discard
+			c, err := p.NS.DialUDP(netip.AddrPortFrom(t.Gateway4, 9)) // discard
 			if err != nil {
 				return err
 			}

@@ -74,11 +74,7 @@ func (e *echoServer) sources() map[netip.Addr]int {
 // that comes back from another address (a DNAT not undone) is not counted.
 func roundTrips(t *testing.T, ns *NS, dst netip.AddrPort, n int) int {
 	t.Helper()
-	network := "udp4"
-	if dst.Addr().Is6() {
-		network = "udp6"
-	}
-	c, err := ns.DialUDP(network, dst)
+	c, err := ns.DialUDP(dst)
 	if err != nil {
 		t.Fatal(err)
 	}

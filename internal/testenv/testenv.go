@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -62,6 +63,22 @@ func SkipOrFail(tb testing.TB, format string, args ...any) {
 
 // VMTestEnv is set to 1 in the VMs of make vmtest (test/vmtests).
 const VMTestEnv = "RLAGENT_VMTEST"
+
+// vmSlowdown is how much longer the agent takes to start in make vmtest's
+// VMs, in software emulation, than on a host: the verifier takes there
+// about 10 s for the data path's six programs, a third of a second on the
+// host.
+const vmSlowdown = 6
+
+// Timeout is d on a host and vmSlowdown times d in make vmtest's VMs: the
+// time to wait for what loads or verifies BPF programs (an agent's start,
+// its refusal to start, a reload).
+func Timeout(d time.Duration) time.Duration {
+	if os.Getenv(VMTestEnv) == "1" {
+		return vmSlowdown * d
+	}
+	return d
+}
 
 // HostOnly skips tb inside make vmtest's VMs, whose minimal userland lacks
 // what the test needs (why: "the nft binary", "the bridge module"); the

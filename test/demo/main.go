@@ -167,7 +167,7 @@ limits:
 		return err
 	}
 
-	client, err := d.pair.A.DialUDP("udp4", netip.AddrPortFrom(d.pair.B4, port))
+	client, err := d.pair.A.DialUDP(netip.AddrPortFrom(d.pair.B4, port))
 	if err != nil {
 		return err
 	}
