@@ -10,6 +10,7 @@ import (
 	"os"
 	"reflect"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -494,7 +495,12 @@ func (a *Agent) statusLoop(ctx context.Context) {
 				case maps.Rejected:
 					v.NotApplied = o.note
 				case maps.Clamped:
-					v.Clamped = o.note
+					// The note ends with where the limit runs, if not at
+					// its endpoints: the verdict says that apart.
+					v.Clamped = strings.TrimSuffix(o.note, "; "+o.atUplink)
+				}
+				if o.state != maps.Rejected {
+					v.AtUplink = o.atUplink
 				}
 			}
 			a.mu.Unlock()

@@ -42,6 +42,9 @@ type desiredLimit struct {
 	// points are the endpoint hooks of a limit enforced at its endpoints
 	// (none for one at the uplink).
 	points []placement
+	// atUplink says why the limit, meant for its endpoints' interfaces,
+	// runs at the uplinks, or "".
+	atUplink string
 
 	// Set by reconcile: what is enforced, and why it is not the limit as
 	// configured (state and note, see maps.MetaState).
@@ -66,6 +69,9 @@ type outcome struct {
 	fullErr error
 	// points are the endpoint hooks the limit runs at.
 	points []placement
+	// atUplink says why a limit meant for the endpoints' interfaces runs
+	// at the uplinks instead, or "".
+	atUplink string
 }
 
 // reconcile makes the maps hold cfg's limits divided by the current
@@ -363,7 +369,7 @@ func (a *Agent) record(d *desiredLimit) error {
 	}
 	o.id, o.state, o.note, o.enforced, o.meta = d.id, d.state, d.note, d.enforced, m
 	o.full, o.fullErr = d.full, d.fullErr
-	o.points = d.points
+	o.points, o.atUplink = d.points, d.atUplink
 	if d.warn != a.warned[d.name] {
 		if d.warn != "" {
 			a.log.Warn(d.warn, "limit", d.name, "replicas", d.meta.Replicas, "share_rate", d.limit.Rate)
@@ -544,6 +550,8 @@ func (a *Agent) divideLimit(l *v1alpha1.Limit) *desiredLimit {
 	}
 	if fallback == "" {
 		d.points = points
+	} else {
+		d.atUplink = attachNote
 	}
 	ml, err := toMapsLimit(spec, share)
 	if err != nil {

@@ -559,6 +559,9 @@ type Verdict struct {
 	NotApplied string
 	// Clamped says how this node clamped the limit's share, or "".
 	Clamped string
+	// AtUplink says why this node enforces a limit meant for its endpoints'
+	// interfaces at its uplinks, or "".
+	AtUplink string
 }
 
 // condition is the Accepted condition v stands for, with its severity
@@ -570,7 +573,10 @@ func (v Verdict) condition(node string) (cond map[string]any, severity int) {
 	case v.NotApplied != "":
 		return map[string]any{"status": "False", "reason": v1alpha1.ReasonDoesNotFit, "message": nodeMessage(node, v.NotApplied)}, 2
 	case v.Clamped != "":
-		return map[string]any{"status": "True", "reason": v1alpha1.ReasonClamped, "message": nodeMessage(node, v.Clamped)}, 1
+		msg := strings.TrimSuffix(v.Clamped+"; "+v.AtUplink, "; ")
+		return map[string]any{"status": "True", "reason": v1alpha1.ReasonClamped, "message": nodeMessage(node, msg)}, 1
+	case v.AtUplink != "":
+		return map[string]any{"status": "True", "reason": v1alpha1.ReasonEnforcedAtUplink, "message": nodeMessage(node, v.AtUplink)}, 1
 	}
 	return map[string]any{"status": "True", "reason": v1alpha1.ReasonValid, "message": ""}, 0
 }
@@ -584,7 +590,7 @@ func reasonSeverity(reason any) int {
 		return 3
 	case v1alpha1.ReasonDoesNotFit:
 		return 2
-	case v1alpha1.ReasonClamped:
+	case v1alpha1.ReasonClamped, v1alpha1.ReasonEnforcedAtUplink:
 		return 1
 	}
 	return 0
@@ -626,7 +632,8 @@ func (k *Kubernetes) ReportStatus(ctx context.Context, name string, v Verdict, r
 	if old != nil && old["observedGeneration"] == gen {
 		msg, _ := old["message"].(string)
 		oldSeverity := reasonSeverity(old["reason"])
-		nodeSpecific := old["reason"] == v1alpha1.ReasonDoesNotFit || old["reason"] == v1alpha1.ReasonClamped
+		nodeSpecific := old["reason"] == v1alpha1.ReasonDoesNotFit || old["reason"] == v1alpha1.ReasonClamped ||
+			old["reason"] == v1alpha1.ReasonEnforcedAtUplink
 		ours := strings.HasPrefix(msg, nodeMessage(k.cfg.NodeName, ""))
 		if !ours && (oldSeverity > severity || (oldSeverity == severity && nodeSpecific)) {
 			cond = maps.Clone(old) // another node's report of something at least as bad (a copy: old is the cache's)

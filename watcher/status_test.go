@@ -73,6 +73,17 @@ func TestReportStatusConverges(t *testing.T) {
 	// node-b recovers: it clears its own report; node-a's clamp then shows.
 	report(b, Verdict{}, "True", v1alpha1.ReasonValid, "")
 	report(h.k, Verdict{Clamped: "clamped"}, "True", v1alpha1.ReasonClamped, "node node-a: clamped")
+	// A fallback to the uplink is as severe as a clamp: the first stays.
+	report(b, Verdict{AtUplink: "enforced at the uplink: endpoint 10.0.0.5 has no interface of its own"}, "True",
+		v1alpha1.ReasonClamped, "node node-a: clamped")
+	report(h.k, Verdict{}, "True", v1alpha1.ReasonValid, "")
+	report(b, Verdict{AtUplink: "enforced at the uplink: endpoint 10.0.0.5 has no interface of its own"}, "True",
+		v1alpha1.ReasonEnforcedAtUplink, "node node-b: enforced at the uplink: endpoint 10.0.0.5 has no interface of its own")
+	report(h.k, Verdict{Clamped: "clamped", AtUplink: "enforced at the uplink: x"}, "True",
+		v1alpha1.ReasonEnforcedAtUplink, "node node-b: ")
+	report(b, Verdict{}, "True", v1alpha1.ReasonValid, "")
+	report(h.k, Verdict{Clamped: "clamped", AtUplink: "enforced at the uplink: x"}, "True", v1alpha1.ReasonClamped,
+		"node node-a: clamped; enforced at the uplink: x")
 	// An invalid spec is worse than all.
 	report(b, Verdict{Invalid: errors.New("spec.rate: bad")}, "False", v1alpha1.ReasonInvalid, "spec.rate: bad")
 	report(h.k, Verdict{Clamped: "clamped"}, "False", v1alpha1.ReasonInvalid, "spec.rate: bad")

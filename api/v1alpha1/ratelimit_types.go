@@ -20,7 +20,8 @@ import (
 const ConditionAccepted = "Accepted"
 
 // The reasons of the Accepted condition, from the most severe. Invalid and
-// Valid are the same on every agent; DoesNotFit and Clamped are one node's
+// Valid are the same on every agent; DoesNotFit, Clamped and
+// EnforcedAtUplink are one node's
 // (the message starts with "node NAME: "), and an agent does not overwrite
 // another node's report with a less severe one, so that the agents' writes
 // converge on the worst.
@@ -37,6 +38,11 @@ const (
 	// ReasonClamped (True): a node enforces the limit with its share
 	// clamped to the data path's range.
 	ReasonClamped = "Clamped"
+	// ReasonEnforcedAtUplink (True): a node enforces a limit meant for its
+	// endpoints' interfaces at its uplinks instead, because a local
+	// endpoint has no interface of its own (a hostNetwork pod); the
+	// message names it. As severe as Clamped: the first reported stays.
+	ReasonEnforcedAtUplink = "EnforcedAtUplink"
 	// ReasonValid (True): the spec passed the agent's validation, and the
 	// agents that apply it apply it as written.
 	ReasonValid = "Valid"
