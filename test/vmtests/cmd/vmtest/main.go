@@ -99,7 +99,18 @@ type result struct {
 	report  *vmtests.Report
 	err     error
 	elapsed time.Duration
+	// reboots is how many times the kernel was booted again because it
+	// did not reach /init.
+	reboots int
 }
+
+// bootAttempts is how many times a kernel is booted before a VM that never
+// reaches /init counts as a failure. Under software emulation a guest
+// kernel now and then dies early in boot (an int3 oops while it patches its
+// own text, with several vCPUs on multi-threaded TCG), before anything of
+// ours ran: booting again tells that apart from a kernel that cannot run
+// the suites.
+const bootAttempts = 3
 
 func run(ctx context.Context, o *options) (bool, error) {
 	if len(o.modules) == 0 {
@@ -216,8 +227,17 @@ func runKernel(ctx context.Context, o *options, qemu string, k *vmtests.Kernel, 
 	}
 	fmt.Fprintf(os.Stderr, "vmtest: booting %s (%s) for at most %v\n", k.Release, k.Package, o.timeout)
 	vm := &vmtests.VM{Qemu: qemu, Kernel: k.Vmlinuz, Initrd: initrd, MemMB: o.memMB, CPUs: o.cpus, Timeout: o.timeout, Out: os.Stdout, Prefix: prefix}
-	r.report, r.err = vm.Run(ctx)
-	return r
+	for attempt := 1; ; attempt++ {
+		r.report, r.err = vm.Run(ctx)
+		// A VM that hung past its timeout is not booted again: that would
+		// double the run.
+		if r.report.Kernel != "" || attempt == bootAttempts || ctx.Err() != nil || errors.Is(r.err, vmtests.ErrTimeout) {
+			return r
+		}
+		r.reboots++
+		fmt.Fprintf(os.Stderr, "vmtest: %s did not reach /init (attempt %d of %d: an early boot failure under emulation); booting it again\n",
+			k.Release, attempt, bootAttempts)
+	}
 }
 
 // summary is one kernel's line: series, kernel, verdict, wall time, then
@@ -231,6 +251,9 @@ func summary(r result) string {
 	fmt.Fprintf(&b, "vmtest: %-5s %-28s %s %6.1fs", r.series, r.kernel.Release, verdict, r.elapsed.Seconds())
 	if r.report.Kernel != "" {
 		fmt.Fprintf(&b, "  boot %.1fs", r.report.Boot.Seconds())
+	}
+	if r.reboots > 0 {
+		fmt.Fprintf(&b, " (booted %d times)", r.reboots+1)
 	}
 	for _, s := range r.report.Suites {
 		st := "ok"
