@@ -43,14 +43,11 @@ func StartAgent(tb testing.TB, ns *nettest.NS, bin string, args ...string) *Agen
 // limits: the hooks are attached before the limits reach them), and fails
 // tb if it does not within timeout or exits first.
 //
-// In make vmtest's VMs (software emulation) the timeout is six times
-// longer: the verifier takes there about 10 s for the data path's six
-// programs, a third of a second on the host.
+// In make vmtest's VMs (software emulation) the timeout is longer
+// (testenv.Timeout).
 func (a *Agent) WaitAttached(timeout time.Duration) {
 	a.tb.Helper()
-	if os.Getenv(testenv.VMTestEnv) == "1" {
-		timeout *= 6
-	}
+	timeout = testenv.Timeout(timeout)
 	deadline := time.Now().Add(timeout)
 	if !a.WaitLog(timeout, attachedLines...) {
 		a.tb.Fatalf("rlagent run (pid %d) did not attach within %v; output:\n%s", a.PID(), timeout, a.Log())

@@ -105,11 +105,11 @@ func writeAtomic(t testing.TB, path, content string) {
 // It stops by itself after senderSpan or senderMax packets, and in cleanup.
 func (e *env) startSender(rate float64, ipv6 bool) *nettest.Sender {
 	e.t.Helper()
-	network, dst := "udp4", e.pair.B4
+	dst := e.pair.B4
 	if ipv6 {
-		network, dst = "udp6", e.pair.B6
+		dst = e.pair.B6
 	}
-	conn, err := e.pair.A.DialUDP(network, netip.AddrPortFrom(dst, port))
+	conn, err := e.pair.A.DialUDP(netip.AddrPortFrom(dst, port))
 	if err != nil {
 		e.t.Fatal(err)
 	}

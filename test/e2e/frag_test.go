@@ -108,11 +108,11 @@ limits:
 		return m, ip, t0.Add(time.Since(t0) / 2)
 	}
 
-	network, dst := "udp4", e.pair.B4
+	dst := e.pair.B4
 	if v6 {
-		network, dst = "udp6", e.pair.B6
+		dst = e.pair.B6
 	}
-	conn, err := e.pair.A.DialUDP(network, netip.AddrPortFrom(dst, port))
+	conn, err := e.pair.A.DialUDP(netip.AddrPortFrom(dst, port))
 	if err != nil {
 		t.Fatal(err)
 	}

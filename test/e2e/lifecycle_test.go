@@ -60,6 +60,7 @@ func metric(body, series string) (float64, bool) {
 // with another code than 1.
 func refused(t *testing.T, a *agenttest.Agent, timeout time.Duration) string {
 	t.Helper()
+	timeout = testenv.Timeout(timeout)
 	st := a.WaitExit(timeout)
 	if st == nil {
 		t.Fatalf("the agent (pid %d) still runs %v after start, want it refused; output:\n%s", a.PID(), timeout, a.Log())

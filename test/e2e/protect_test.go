@@ -100,7 +100,7 @@ protect:
 		if ipv6 {
 			network, dst = "udp6", e.pair.B6
 		}
-		conn, err := e.pair.A.DialUDP(network, netip.AddrPortFrom(dst, port))
+		conn, err := e.pair.A.DialUDP(netip.AddrPortFrom(dst, port))
 		if err != nil {
 			t.Fatal(err)
 		}

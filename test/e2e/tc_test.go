@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -15,8 +14,6 @@ import (
 
 	"github.com/vishvananda/netlink"
 
-	"github.com/rlagent/rlagent/agent"
-	"github.com/rlagent/rlagent/internal/agenttest"
 	"github.com/rlagent/rlagent/internal/nettest"
 	"github.com/rlagent/rlagent/internal/testenv"
 )
@@ -26,145 +23,16 @@ import (
 // whichever way it came: routed from outside, bridged from a pod on the same
 // host, decapsulated from an overlay, DNATed from a service address.
 
-// tcWindow is how long each path is measured.
-const tcWindow = 3 * time.Second
-
-// tcNode is a topology with the agent in its node namespace.
-type tcNode struct {
-	t      testing.TB
-	topo   *nettest.Topology
-	dir    string
-	pinDir string
-	config string
-	agent  *agenttest.Agent
-}
-
-func newTCNode(t testing.TB, cfg nettest.TopologyConfig) *tcNode {
-	t.Helper()
-	testenv.RequireRoot(t)
-	n := &tcNode{t: t, topo: nettest.MustTopology(t, cfg), dir: t.TempDir()}
-	n.pinDir = filepath.Join(n.dir, "bpf")
-	n.config = filepath.Join(n.dir, "rlagent.yaml")
-	agenttest.PinDir(t, rlagentBin, n.pinDir)
-	return n
-}
-
-// start writes the config (the uplink, a count of 2, the limits given)
-// and runs the agent in the node.
-func (n *tcNode) start(limits string) {
-	n.t.Helper()
-	writeAtomic(n.t, n.config, fmt.Sprintf(`interfaces: [%s]
-pinDir: %s
-metricsAddress: "off"
-count:
-  static: 2
-limits:
-%s`, nettest.UplinkIf, n.pinDir, limits))
-	n.agent = agenttest.StartAgent(n.t, n.topo.Node, rlagentBin, "--config", n.config, "--log-level", "debug")
-	n.agent.WaitAttached(10 * time.Second)
-}
-
-// limit is the status of one limit.
-func (n *tcNode) limit(name string) agent.LimitStatus {
-	n.t.Helper()
-	st, _ := agenttest.Status(n.t, rlagentBin, n.pinDir)
-	for _, s := range st {
-		if s.Name == name {
-			return s
-		}
-	}
-	n.t.Fatalf("rlagent status has no limit %q", name)
-	return agent.LimitStatus{}
-}
-
-// waitHooks waits until `rlagent status` shows every hook in want
-// ("tc-egress vb-a endpoint-in", ...) attached.
-func (n *tcNode) waitHooks(want ...string) {
-	n.t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		// Read where `rlagent status` runs on a node: in the agent's
-		// network namespace, where a clsact filter's interface can be
-		// looked up (kernels before 6.6 have no tcx link to ask).
-		var st agent.AgentStatus
-		err := n.topo.Node.Do(func() error {
-			var err error
-			st, err = agent.ReadAgentStatus(n.pinDir)
-			return err
-		})
-		missing := ""
-		for _, w := range want {
-			if err != nil || !hasHook(st, w) {
-				missing = w
-				break
-			}
-		}
-		if missing == "" {
-			return
-		}
-		if time.Now().After(deadline) {
-			n.t.Fatalf("no attached %q 5 s after the agent started: %+v (%v)", missing, st.Interfaces, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-func hasHook(st agent.AgentStatus, want string) bool {
-	for _, s := range st.Interfaces {
-		if s.State == agent.StateAttached && s.Hook+" "+s.Name+" "+s.Program == want {
-			return true
-		}
-	}
-	return false
-}
-
-// flow is one measured path: UDP from a namespace to an address and port,
-// received in a pod.
-type flow struct {
-	name string
-	from *nettest.NS
-	to   netip.AddrPort // what the sender addresses (a service address for DNAT)
-	recv *nettest.NS    // where it is received
-	port uint16         // the receiving socket's port
-}
-
-// measure sends the flow at twice want for settle+tcWindow and checks that
-// the receiver got want +-5% per second in the window.
+// measure sends the flow at twice want for settle+rigWindow and checks
+// that the receiver got want +-5% per second in the window.
 func measure(t *testing.T, f flow, want float64) {
 	t.Helper()
-	conn, err := f.recv.ListenUDP("udp", netip.AddrPortFrom(netip.IPv6Unspecified(), f.port), 8<<20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	recv := nettest.StartReceiver(conn, nettest.ReceiverConfig{Span: time.Minute})
-	defer recv.Close() // the next flow to this pod binds the port again
-	network := "udp4"
-	if f.to.Addr().Is6() {
-		network = "udp6"
-	}
-	out, err := f.from.DialUDP(network, f.to)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer out.Close()
-	s, err := nettest.StartSender(out, nettest.SenderConfig{Rate: 2 * want, Count: int64(2*want*(settle+tcWindow).Seconds()) + 10,
-		Duration: settle + tcWindow + time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Stop()
-	from := s.Sent().Start().Add(settle)
-	to := from.Add(tcWindow)
+	s := startFlow(t, f, 2*want, 0, settle+rigWindow+time.Second)
+	defer s.stop() // the next flow to this pod binds the port again
+	from := s.send.Sent().Start().Add(settle)
+	to := from.Add(rigWindow)
 	sleepUntil(to.Add(late))
-	got := recv.Got().Rate(from, to)
-	offered := s.Sent().Rate(from, to)
-	t.Logf("%s: admitted %.0f pkt/s over %s, share %.0f (%+.2f%%), offered %.0f", f.name, got, tcWindow, want, pct(got, want), offered)
-	if offered < 1.3*want {
-		t.Errorf("%s: the sender offered only %.0f pkt/s against a share of %.0f: the machine is too busy to measure", f.name, offered, want)
-	}
-	if math.Abs(got-want) > 0.05*want {
-		t.Errorf("%s: admitted %.0f pkt/s, want %.0f +-5%%", f.name, got, want)
-	}
+	s.check(t, from, to, want)
 }
 
 // TestEgressLimitAtUplink: a limit with direction egress is enforced at the
@@ -174,8 +42,8 @@ func measure(t *testing.T, f flow, want float64) {
 func TestEgressLimitAtUplink(t *testing.T) {
 	for _, v6 := range []bool{false, true} {
 		t.Run(map[bool]string{false: "ipv4", true: "ipv6"}[v6], func(t *testing.T) {
-			n := newTCNode(t, nettest.TopologyConfig{Uplink: true})
-			n.start(fmt.Sprintf(`  - name: out
+			n := newRig(t, nettest.TopologyConfig{Uplink: true})
+			n.start("", fmt.Sprintf(`  - name: out
     rate: %d
     match:
       direction: egress
@@ -194,7 +62,7 @@ func TestEgressLimitAtUplink(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer conn.Close()
-			in, err := n.topo.Remote.DialUDP(map[bool]string{false: "udp4", true: "udp6"}[v6], netip.AddrPortFrom(n.topo.NodeUp(v6), port))
+			in, err := n.topo.Remote.DialUDP(netip.AddrPortFrom(n.topo.NodeUp(v6), port))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -225,11 +93,11 @@ func TestEndpointLimitSeesEveryPath(t *testing.T) {
 	const podPort = 8080
 	for _, v6 := range []bool{false, true} {
 		t.Run(map[bool]string{false: "ipv4", true: "ipv6"}[v6], func(t *testing.T) {
-			n := newTCNode(t, nettest.TopologyConfig{Uplink: true, Overlay: true,
+			n := newRig(t, nettest.TopologyConfig{Uplink: true, Overlay: true,
 				BridgePods: []string{"a", "b"}, RoutedPods: []string{"c", "d"},
 				Service: &nettest.ServiceConfig{Pod: "a", Port: 80, TargetPort: podPort}})
 			a, b, c, d := n.topo.Pod("a"), n.topo.Pod("b"), n.topo.Pod("c"), n.topo.Pod("d")
-			n.start(fmt.Sprintf(`  - name: pods
+			n.start("", fmt.Sprintf(`  - name: pods
     rate: %d
     attach: endpoints
     key: dst-ip
@@ -265,8 +133,8 @@ func TestEndpointLimitSeesEveryPath(t *testing.T) {
 // (as a hostNetwork pod's is) has no interface of its own: the limit is
 // enforced at the uplink instead, and status says why.
 func TestEndpointFallsBackToUplink(t *testing.T) {
-	n := newTCNode(t, nettest.TopologyConfig{Uplink: true, RoutedPods: []string{"c"}})
-	n.start(fmt.Sprintf(`  - name: hostnet
+	n := newRig(t, nettest.TopologyConfig{Uplink: true, RoutedPods: []string{"c"}})
+	n.start("", fmt.Sprintf(`  - name: hostnet
     rate: %d
     attach: endpoints
     match:
@@ -288,9 +156,9 @@ func TestEndpointFallsBackToUplink(t *testing.T) {
 // interface and route are back, the agent attaches to it and moves the
 // limit there within a second.
 func TestEndpointPickedUpWhenPodAppears(t *testing.T) {
-	n := newTCNode(t, nettest.TopologyConfig{Uplink: true, RoutedPods: []string{"c"}})
+	n := newRig(t, nettest.TopologyConfig{Uplink: true, RoutedPods: []string{"c"}})
 	c := n.topo.Pod("c")
-	n.start(fmt.Sprintf(`  - name: later
+	n.start("", fmt.Sprintf(`  - name: later
     rate: %d
     attach: endpoints
     match:
@@ -389,7 +257,7 @@ func tcpOutSegs(t *testing.T, ns *nettest.NS) uint64 {
 // passed far fewer, larger packets.
 func TestTCPSegmentsCounted(t *testing.T) {
 	const size = 16 << 20
-	n := newTCNode(t, nettest.TopologyConfig{Uplink: true, RoutedPods: []string{"c"}})
+	n := newRig(t, nettest.TopologyConfig{Uplink: true, RoutedPods: []string{"c"}})
 	c := n.topo.Pod("c")
 	// The remote sends wire-sized frames; the node's uplink merges them.
 	for _, off := range []nettest.Offload{nettest.OffloadTSO, nettest.OffloadGSO} {
@@ -417,7 +285,7 @@ func TestTCPSegmentsCounted(t *testing.T) {
       %s: [%s, %s]
 `, l.name, l.unit, l.dir, l.side, c.Addr4, c.Addr6)
 	}
-	n.start(limits.String())
+	n.start("", limits.String())
 	n.waitHooks("tc-egress "+c.HostIf+" endpoint-in", "tc-ingress "+c.HostIf+" endpoint-out")
 
 	for _, v6 := range []bool{false, true} {

@@ -128,6 +128,31 @@ func waitFor(t testing.TB, timeout time.Duration, what string, cond func() (bool
 	}
 }
 
+// waitAccepted waits up to timeout until RateLimit name's Accepted
+// condition has status and reason and its message says each of msg.
+func waitAccepted(t testing.TB, rl dynamic.NamespaceableResourceInterface, timeout time.Duration, name, status,
+	reason string, msg ...string) {
+	t.Helper()
+	took := waitFor(t, timeout, fmt.Sprintf("RateLimit %s: Accepted=%s, reason %s", name, status, reason), func() (bool, string) {
+		obj, err := rl.Get(t.Context(), name, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		c := condition(obj, v1alpha1.ConditionAccepted)
+		if c == nil || c["status"] != status || c["reason"] != reason {
+			return false, fmt.Sprintf("status %v", obj.Object["status"])
+		}
+		for _, m := range msg {
+			if !strings.Contains(fmt.Sprint(c["message"]), m) {
+				return false, fmt.Sprintf("message %q does not say %q", c["message"], m)
+			}
+		}
+		t.Logf("%s: Accepted=%s (reason %s, message %q)", name, status, reason, c["message"])
+		return true, ""
+	})
+	t.Logf("%s: condition seen %s after the wait began", name, ms(took))
+}
+
 // readManifests reads the YAML documents of a manifest file, skipping
 // empty ones (only comments).
 func readManifests(t testing.TB, path string) []*unstructured.Unstructured {

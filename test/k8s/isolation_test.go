@@ -2,7 +2,6 @@ package k8s
 
 import (
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -62,29 +61,8 @@ func TestLimitThatDoesNotFit(t *testing.T) {
 
 	// Each agent writes the status of every RateLimit in turn, at its
 	// client's 5 requests/s: a round over 129 objects takes ~26 s.
-	waitCondition := func(l, status, reason string, msg ...string) {
-		t.Helper()
-		took := waitFor(t, 90*time.Second, fmt.Sprintf("RateLimit %s: Accepted=%s, reason %s", l, status, reason), func() (bool, string) {
-			obj, err := rl.Get(t.Context(), l, metav1.GetOptions{})
-			if err != nil {
-				return false, err.Error()
-			}
-			c := condition(obj, v1alpha1.ConditionAccepted)
-			if c == nil || c["status"] != status || c["reason"] != reason {
-				return false, fmt.Sprintf("status %v", obj.Object["status"])
-			}
-			for _, m := range msg {
-				if !strings.Contains(fmt.Sprint(c["message"]), m) {
-					return false, fmt.Sprintf("message %q does not say %q", c["message"], m)
-				}
-			}
-			t.Logf("%s: Accepted=%s (reason %s, message %q)", l, status, reason, c["message"])
-			return true, ""
-		})
-		t.Logf("%s: condition seen %s after the wait began", l, ms(took))
-	}
-	waitCondition(last, "False", v1alpha1.ReasonDoesNotFit, "node node-", fmt.Sprintf("holds %d limits", maps.MaxLimits))
-	waitCondition(name(0), "True", v1alpha1.ReasonValid)
+	waitAccepted(t, rl, 90*time.Second, last, "False", v1alpha1.ReasonDoesNotFit, "node node-", fmt.Sprintf("holds %d limits", maps.MaxLimits))
+	waitAccepted(t, rl, 90*time.Second, name(0), "True", v1alpha1.ReasonValid)
 
 	// The count changes: every limit that fits follows it on every node.
 	pods := env.Clientset().CoreV1().Pods(ns)
@@ -111,7 +89,7 @@ func TestLimitThatDoesNotFit(t *testing.T) {
 		}
 		t.Logf("count 3: %s re-divided: %v", l, a)
 	}
-	waitCondition(last, "False", v1alpha1.ReasonDoesNotFit)
+	waitAccepted(t, rl, 90*time.Second, last, "False", v1alpha1.ReasonDoesNotFit)
 
 	// A place frees up: the limit that did not fit is applied everywhere.
 	deleted := time.Now()
@@ -123,5 +101,5 @@ func TestLimitThatDoesNotFit(t *testing.T) {
 		t.Fatalf("after a place freed up: %s: %v", last, err)
 	}
 	t.Logf("%s applied once %s was deleted: %v", last, name(7), a)
-	waitCondition(last, "True", v1alpha1.ReasonValid)
+	waitAccepted(t, rl, 90*time.Second, last, "True", v1alpha1.ReasonValid)
 }

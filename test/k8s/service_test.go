@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rlagent/rlagent/api/v1alpha1"
 	"github.com/rlagent/rlagent/internal/k8stest"
 	"github.com/rlagent/rlagent/internal/testenv"
 )
@@ -41,6 +42,12 @@ func TestServiceScopeShares(t *testing.T) {
 		t.Fatalf("the new RateLimit: %v", err)
 	}
 	t.Logf("the new RateLimit: %v", a)
+	// The endpoints are addresses of the nodes themselves, as a hostNetwork
+	// pod's are: they have no interface of their own, so the limit (attach
+	// endpoints, the default for scope service) runs at the uplinks, and
+	// the condition says so.
+	waitAccepted(t, dynamicClient(t, env).Resource(v1alpha1.RateLimitResource), 30*time.Second, name, "True",
+		v1alpha1.ReasonEnforcedAtUplink, "node node-", "enforced at the uplink: ")
 
 	steps := []layout{
 		{ready: []int{1, 1, 1}, notReady: []int{3}}, // where it starts

@@ -81,7 +81,7 @@ func (c *cluster) startSenders(l layout) []*nettest.Sender {
 		}
 		n := l.ready[i]
 		for j := 1; j <= n; j++ {
-			conn, err := nd.pair.A.DialUDP("udp4", netip.AddrPortFrom(endpointAddr(nd.index, j), svcPort))
+			conn, err := nd.pair.A.DialUDP(netip.AddrPortFrom(endpointAddr(nd.index, j), svcPort))
 			if err != nil {
 				c.t.Fatal(err)
 			}
