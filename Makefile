@@ -138,7 +138,7 @@ VMTEST_RATE ?= 800
 VMTEST_TESTFLAGS ?= -test.v -test.short -test.timeout=14m
 # veth for the pairs; sch_ingress (clsact) and cls_bpf for TC programs on
 # kernels without tcx (before 6.6), where Debian builds them as modules.
-VMTEST_MODULES ?= veth sch_ingress cls_bpf
+VMTEST_MODULES ?= veth sch_ingress cls_bpf sch_fq
 VMTEST_BIN := bin/vmtest
 
 .PHONY: vmtest deps-vm

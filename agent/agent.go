@@ -502,6 +502,9 @@ func (a *Agent) statusLoop(ctx context.Context) {
 				if o.state != maps.Rejected {
 					v.AtUplink = o.atUplink
 				}
+				if o.enforced != nil && o.enforced.Action == v1alpha1.ActionPace {
+					v.PaceIneffective = a.paceIneffective()
+				}
 			}
 			a.mu.Unlock()
 			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)

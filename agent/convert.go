@@ -45,6 +45,12 @@ func toMapsLimit(in *v1alpha1.RateLimitSpec, share Share) (maps.Limit, error) {
 		l.Action = maps.Shadow
 	case v1alpha1.ActionDrop:
 		l.Action = maps.Drop
+	case v1alpha1.ActionPace:
+		l.Action = maps.Pace
+		l.Horizon = v1alpha1.DefaultHorizon
+		if spec.Horizon != nil {
+			l.Horizon = spec.Horizon.Duration
+		}
 	default:
 		return maps.Limit{}, fmt.Errorf("action: %q is not supported by the data path", spec.Action)
 	}

@@ -187,6 +187,7 @@ func (h *health) serveLive(w http.ResponseWriter, _ *http.Request) {
 // Describe and Collect export the health as metrics.
 func (h *health) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descInterfaceAttached
+	ch <- descPaceIneffective
 	ch <- descReconcileLastSuccess
 	ch <- descReady
 }
@@ -201,6 +202,13 @@ func (h *health) Collect(ch chan<- prometheus.Metric) {
 			v = 1
 		}
 		ch <- prometheus.MustNewConstMetric(descInterfaceAttached, prometheus.GaugeValue, v, s.Name, s.Hook, s.Program, s.Mode)
+		if s.Qdisc != "" || s.PaceIneffective != "" {
+			v = 0
+			if s.PaceIneffective != "" {
+				v = 1
+			}
+			ch <- prometheus.MustNewConstMetric(descPaceIneffective, prometheus.GaugeValue, v, s.Name)
+		}
 	}
 	if !h.reconciled.IsZero() {
 		ch <- prometheus.MustNewConstMetric(descReconcileLastSuccess, prometheus.GaugeValue,

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/rlagent/rlagent/api/v1alpha1"
+	"github.com/rlagent/rlagent/attach"
 	"github.com/rlagent/rlagent/internal/testenv"
 	"github.com/rlagent/rlagent/maps"
 )
@@ -114,6 +115,9 @@ func stateMetric(tb testing.TB, a *Agent, limit, state string) float64 {
 // enum) and in api/v1alpha1, which bounds the global rate by it and cannot
 // import maps.
 func TestMaxRateAgrees(t *testing.T) {
+	if v1alpha1.MaxHorizon != maps.MaxHorizon {
+		t.Errorf("v1alpha1.MaxHorizon %v, maps.MaxHorizon (RL_MAX_HORIZON_NS) %v: make them equal", v1alpha1.MaxHorizon, maps.MaxHorizon)
+	}
 	if v1alpha1.MaxNodeRate != maps.MaxRate {
 		t.Errorf("v1alpha1.MaxNodeRate %d, maps.MaxRate (RL_MAX_RATE) %d: make them equal (and the CRD's rate maximum)", uint64(v1alpha1.MaxNodeRate), maps.MaxRate)
 	}
@@ -559,5 +563,32 @@ func TestShareFit(t *testing.T) {
 	}
 	if s, note := (Share{Rate: maps.MaxRate, Burst: 5}).fit(); s.Rate != maps.MaxRate || s.Burst != 5 || note != "" {
 		t.Errorf("fit of a share in range: %+v %q", s, note)
+	}
+}
+
+// The uplinks' fq is sized for the paced limits: a horizon of twice the
+// longest, a flow limit of a horizon of the largest share in packets (64
+// bytes a packet for a bytes limit), never below fq's 100; nothing without
+// a paced limit.
+func TestPacingFQ(t *testing.T) {
+	drop := maps.Limit{Rate: 1e6, Burst: 1e5}
+	pktsPaced := maps.Limit{Rate: 50_000, Burst: 100, Action: maps.Pace, Horizon: 100 * time.Millisecond}
+	bytesPaced := maps.Limit{Rate: 12_800_000, Burst: 1 << 20, Unit: maps.Bytes, Action: maps.Pace, Horizon: 250 * time.Millisecond}
+	slow := maps.Limit{Rate: 10, Burst: 1, Action: maps.Pace, Horizon: 50 * time.Millisecond}
+	for _, tc := range []struct {
+		name   string
+		limits []maps.Limit
+		paced  bool
+		want   attach.FQ
+	}{
+		{"no paced limit", []maps.Limit{drop}, false, attach.FQ{}},
+		{"packets", []maps.Limit{drop, pktsPaced}, true, attach.FQ{Horizon: 200 * time.Millisecond, FlowLimit: 5000}},
+		{"bytes", []maps.Limit{bytesPaced}, true, attach.FQ{Horizon: 500 * time.Millisecond, FlowLimit: 50_000}},
+		{"the largest of each", []maps.Limit{pktsPaced, bytesPaced, slow}, true, attach.FQ{Horizon: 500 * time.Millisecond, FlowLimit: 50_000}},
+		{"fq's default at least", []maps.Limit{slow}, true, attach.FQ{Horizon: 100 * time.Millisecond, FlowLimit: 100}},
+	} {
+		if paced, fq := pacing(tc.limits); paced != tc.paced || fq != tc.want {
+			t.Errorf("%s: pacing = %v, %+v; want %v, %+v", tc.name, paced, fq, tc.paced, tc.want)
+		}
 	}
 }

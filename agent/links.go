@@ -58,6 +58,11 @@ type InterfaceStatus struct {
 	// clsact (TC).
 	Mode  string `json:"mode,omitempty"`
 	Error string `json:"error,omitempty"`
+	// Qdisc is the uplink's fq where paced limits leave ("fq", or "fq
+	// (rlagent)" for one the agent put there with manageQdisc), and
+	// PaceIneffective why their departure times do nothing there.
+	Qdisc           string `json:"qdisc,omitempty"`
+	PaceIneffective string `json:"paceIneffective,omitempty"`
 	// Since is when the hook entered this state.
 	Since time.Time `json:"since"`
 	// uplink: one of the config's interfaces, whose absence is a problem;
@@ -66,13 +71,22 @@ type InterfaceStatus struct {
 }
 
 func (s InterfaceStatus) String() string {
+	var out string
 	switch {
 	case s.State == StateAttached && s.Mode != "":
-		return s.State + " (" + s.Mode + ")"
+		out = s.State + " (" + s.Mode + ")"
 	case s.Error != "":
-		return s.State + ": " + s.Error
+		out = s.State + ": " + s.Error
+	default:
+		out = s.State
 	}
-	return s.State
+	switch {
+	case s.PaceIneffective != "":
+		out += "; pace ineffective: " + s.PaceIneffective
+	case s.Qdisc != "":
+		out += "; paced by " + s.Qdisc
+	}
+	return out
 }
 
 // where names the hook for logs and readiness: "xdp eth0", "tc-egress
@@ -95,6 +109,11 @@ type placement struct {
 	point  attach.Point
 	hook   maps.Hook
 	uplink bool // one of the config's interfaces
+	// paced: a paced limit leaves through this hook (an uplink's TC
+	// egress), whose interface's qdisc must then be fq, with fq's
+	// parameters.
+	paced bool
+	fq    attach.FQ
 }
 
 func (p placement) key() string { return p.point.String() }
@@ -118,11 +137,13 @@ func (a *Agent) placements(limits []maps.Limit, endpoints []placement) []placeme
 	uplinkOut := slices.ContainsFunc(limits, func(l maps.Limit) bool {
 		return l.Match.Attach.Hook(l.Match.Direction) == maps.UplinkOut
 	})
+	paced, fq := pacing(limits)
 	var out []placement
 	for _, iface := range a.cfg.Interfaces {
 		out = append(out, placement{point: attach.Point{Iface: iface, Kind: attach.XDP}, hook: maps.UplinkIn, uplink: true})
 		if uplinkOut {
-			out = append(out, placement{point: attach.Point{Iface: iface, Kind: attach.TCEgress}, hook: maps.UplinkOut, uplink: true})
+			out = append(out, placement{point: attach.Point{Iface: iface, Kind: attach.TCEgress}, hook: maps.UplinkOut,
+				uplink: true, paced: paced, fq: fq})
 		}
 	}
 	seen := make(map[string]bool)
@@ -133,6 +154,32 @@ func (a *Agent) placements(limits []maps.Limit, endpoints []placement) []placeme
 		}
 	}
 	return out
+}
+
+// pacing says whether any of limits paces (they leave through the uplinks'
+// TC egress: maps.Limit.Validate), and what the uplinks' fq must hold for
+// them: a horizon above the limits' own (theirs decides, and counts), and a
+// flow limit that holds a horizon of the largest paced share, in packets
+// (of 64 bytes for a bytes limit, the smallest frame).
+func pacing(limits []maps.Limit) (bool, attach.FQ) {
+	var (
+		fq    attach.FQ
+		paced bool
+	)
+	for _, l := range limits {
+		if l.Action != maps.Pace {
+			continue
+		}
+		paced = true
+		fq.Horizon = max(fq.Horizon, 2*l.Horizon)
+		pkts := l.Rate
+		if l.Unit == maps.Bytes {
+			pkts = l.Rate / 64
+		}
+		held := (pkts*uint64(l.Horizon.Microseconds()) + 999_999) / 1_000_000
+		fq.FlowLimit = max(fq.FlowLimit, 100, uint32(min(held, 1<<20)))
+	}
+	return paced, fq
 }
 
 // outcomePoints are the endpoint hooks of the limits as the last reconcile
@@ -214,6 +261,12 @@ func (a *Agent) syncLinks(want []placement, prune bool) error {
 	if !prune {
 		return first
 	}
+	// want is every placement now: the fq of ours goes where nothing
+	// paces any more (a sync of some placements, such as a reload's new
+	// interfaces, must not take it away from the others).
+	if !slices.ContainsFunc(want, func(p placement) bool { return p.paced }) || !a.cfg.ManageQdisc {
+		a.removeFQ()
+	}
 	pinned, err := attach.Pinned(a.cfg.PinDir)
 	if err != nil {
 		a.log.Warn("list pinned hooks", "error", err)
@@ -258,6 +311,9 @@ func (a *Agent) syncPlacement(p placement) (st InterfaceStatus, used placement, 
 		if used != p {
 			st.Mode += ", xdpFallback"
 		}
+		if p.paced {
+			st.Qdisc, st.PaceIneffective = a.syncQdisc(p)
+		}
 	case errors.Is(err, attach.ErrNoInterface):
 		st.State, st.Error = StateMissing, err.Error()
 	default:
@@ -265,6 +321,63 @@ func (a *Agent) syncPlacement(p placement) (st InterfaceStatus, used placement, 
 		st.State, st.Error = StateFailed, err.Error()
 	}
 	return st, used, err
+}
+
+// syncQdisc checks, and with manageQdisc makes, that the qdisc of p's
+// interface releases paced packets at their departure time: it returns
+// the qdisc ("fq", or "fq (rlagent)" for one the agent put there), or why
+// the paced limits are ineffective there.
+func (a *Agent) syncQdisc(p placement) (qdisc, ineffective string) {
+	var (
+		st  attach.FQState
+		err error
+	)
+	if a.cfg.ManageQdisc {
+		st, err = attach.EnsureFQ(p.point.Iface, p.fq)
+	} else {
+		st, err = attach.CheckFQ(p.point.Iface)
+	}
+	switch {
+	case err != nil:
+		return "", err.Error()
+	case st.Paces && st.Ours:
+		return "fq (rlagent)", ""
+	case st.Paces:
+		return "fq", ""
+	case !a.cfg.ManageQdisc:
+		return "", st.Why + " (put fq there, or set manageQdisc: true)"
+	}
+	return "", st.Why
+}
+
+// paceIneffective says on which uplinks paced limits are ineffective, and
+// why, or "". Callers hold a.mu.
+func (a *Agent) paceIneffective() string {
+	var out []string
+	for _, st := range a.interfaces() {
+		if st.PaceIneffective != "" {
+			out = append(out, st.Name+": "+st.PaceIneffective)
+		}
+	}
+	if len(out) == 0 {
+		return ""
+	}
+	return "paced packets are not held to their departure time on " + strings.Join(out, "; ")
+}
+
+// removeFQ takes the fq qdiscs the agent put on the uplinks off again (no
+// paced limit is left, or manageQdisc was turned off): the kernel puts its
+// defaults back. Callers hold a.mu.
+func (a *Agent) removeFQ() {
+	for _, iface := range a.cfg.Interfaces {
+		removed, err := attach.RemoveFQ(iface)
+		switch {
+		case err != nil:
+			a.logOnce("remove-fq "+iface, "fq qdisc of rlagent not removed", "interface", iface, "error", err)
+		case removed:
+			a.log.Info("removed rlagent's fq qdisc: no paced limit needs it", "interface", iface)
+		}
+	}
 }
 
 // logOnce logs a warning the first time key is seen. Callers hold a.mu.
@@ -286,9 +399,14 @@ func (a *Agent) setState(st InterfaceStatus) {
 		a.ifState = make(map[string]InterfaceStatus)
 	}
 	key := attach.Point{Iface: st.Name, Netns: st.Netns, Kind: kindOf(st.Hook)}.String()
-	if old, ok := a.ifState[key]; ok && old.State == st.State && old.Mode == st.Mode && old.Error == st.Error &&
-		old.Program == st.Program {
+	old, ok := a.ifState[key]
+	if ok && old.State == st.State && old.Mode == st.Mode && old.Error == st.Error &&
+		old.Program == st.Program && old.Qdisc == st.Qdisc && old.PaceIneffective == st.PaceIneffective {
 		return
+	}
+	if st.PaceIneffective != "" && st.PaceIneffective != old.PaceIneffective {
+		a.log.Warn("paced limits are ineffective: their packets leave at once, and only their horizon drops",
+			"interface", st.Name, "reason", st.PaceIneffective)
 	}
 	st.Since = time.Now().UTC()
 	a.ifState[key] = st

@@ -17,6 +17,10 @@ var (
 	descDroppedBytes    = desc("limit_dropped_bytes_total", "Frame bytes the limit dropped.", "limit")
 	descShadowPackets   = desc("limit_shadow_dropped_packets_total", "Packets a shadow limit would have dropped (passed).", "limit")
 	descShadowBytes     = desc("limit_shadow_dropped_bytes_total", "Frame bytes a shadow limit would have dropped (passed).", "limit")
+	descPacedPackets    = desc("limit_paced_packets_total", "Packets a paced limit admitted with a later departure time (they waited in fq).", "limit")
+	descPacedDelay      = desc("limit_paced_delay_seconds_total", "The delay a paced limit added, summed over its paced packets: divided by limit_paced_packets_total, the mean wait.", "limit")
+	descPacedDelayMax   = desc("limit_paced_delay_max_seconds", "The longest delay a paced limit has added to a packet since its buckets were created.", "limit")
+	descHorizonDrops    = desc("limit_horizon_drops_total", "Packets a paced limit dropped because their departure would have been beyond its horizon (also in limit_dropped_packets_total).", "limit")
 	descShare           = desc("limit_share_rate", "This node's share of the limit, units per second.", "limit", "unit")
 	descShareBurst      = desc("limit_share_burst", "This node's share of the burst, units.", "limit", "unit")
 	descGlobalRate      = desc("limit_global_rate", "The limit's global rate over all replicas, units per second.", "limit", "unit")
@@ -37,6 +41,7 @@ var (
 	descPoolFull        = desc("datapath_pool_full_total", "New keys that found no room in the bucket map and were passed unlimited.")
 	descLeaseContended  = desc("datapath_lease_contended_total", "Leases that gave up on a contended bucket (the packet was rejected).")
 	// Health (collected by health, not collector: it reads no map).
+	descPaceIneffective      = desc("pace_ineffective", "1 while the paced limits that leave through an uplink are ineffective there: its qdisc is not fq, so their departure times do nothing (rlagent status and the log say why; manageQdisc: true puts fq there); 0 while fq paces them. Only for uplinks that paced limits leave through.", "interface")
 	descInterfaceAttached    = desc("interface_attached", "1 while the data path is attached to the hook, 0 while its interface is missing or the attach failed (its traffic passes unlimited). hook: xdp, tc-ingress or tc-egress; program: uplink-in, uplink-out, endpoint-in or endpoint-out (the traffic it sees); mode: native or generic (XDP), tcx or clsact (TC).", "interface", "hook", "program", "mode")
 	descReconcileLastSuccess = desc("reconcile_last_success_timestamp_seconds", "When a reconcile last applied the desired state (Unix time).")
 	descReady                = desc("ready", "1 while /readyz answers 200: every interface attached and the last reconcile applied.")
@@ -49,7 +54,7 @@ type collector struct {
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descAdmittedPackets, descAdmittedBytes, descDroppedPackets, descDroppedBytes,
-		descShadowPackets, descShadowBytes, descShare, descShareBurst, descGlobalRate, descReplicas, descAge, descStale,
+		descShadowPackets, descShadowBytes, descPacedPackets, descPacedDelay, descPacedDelayMax, descHorizonDrops, descShare, descShareBurst, descGlobalRate, descReplicas, descAge, descStale,
 		descKeys, descNewKeys, descEvictions, descLimitState, descMatchOverflow, descPoolFull, descLeaseContended,
 		descFailClosed, descL4Unknown, descProtected, descFragFirst, descFragUnseen, descCacheBypass} {
 		ch <- d
@@ -75,6 +80,12 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		counter(descDroppedBytes, l.Totals.DroppedBytes, l.Name)
 		counter(descShadowPackets, l.Totals.ShadowPackets, l.Name)
 		counter(descShadowBytes, l.Totals.ShadowBytes, l.Name)
+		if l.Action == maps.Pace.String() {
+			counter(descPacedPackets, l.Totals.PacedPackets, l.Name)
+			ch <- prometheus.MustNewConstMetric(descPacedDelay, prometheus.CounterValue, float64(l.Totals.PacedDelayNs)/1e9, l.Name)
+			gauge(descPacedDelayMax, float64(l.Totals.PacedDelayMaxNs)/1e9, l.Name)
+			counter(descHorizonDrops, l.Totals.HorizonDrops, l.Name)
+		}
 		gauge(descShare, float64(l.ShareRate), l.Name, l.Unit)
 		gauge(descShareBurst, float64(l.ShareBurst), l.Name, l.Unit)
 		gauge(descGlobalRate, float64(l.GlobalRate), l.Name, l.Unit)

@@ -363,8 +363,10 @@ func linkAlive(path string, ifindexOf func(*link.Info) (uint32, bool)) (res Atta
 }
 
 // Cleanup detaches everything pinned in pinDir (XDP and tcx links, our
-// clsact filters, in every namespace that has pins) and removes the pins
-// and the links directory. Other programs, filters and qdiscs stay. Pins
+// clsact filters, in every namespace that has pins), removes the pins and
+// the links directory, and takes the fq qdiscs rlagent put on interfaces
+// of this namespace off (RemoveFQ). Other programs, filters and qdiscs
+// stay. Pins
 // of another namespace whose recorded path no longer leads to it are
 // removed without touching that namespace: its filters went with it, or
 // cannot be reached.
@@ -379,6 +381,7 @@ func Cleanup(pinDir string) error {
 	}
 	errs = append(errs, a.cleanDir(n, linksDir(pinDir)))
 	n.Close()
+	errs = append(errs, removeAllFQ())
 	dirs, err := netnsDirs(pinDir)
 	if err != nil {
 		return fmt.Errorf("cleanup %s: %w", pinDir, err)

@@ -37,6 +37,16 @@
  *   At most RL_MAX_MATCH limits are checked on one packet; a packet that
  *   matches more is counted in match_overflow and, if one of the limits it
  *   was not checked against has action drop, dropped (fail_closed).
+ * - A limit with action pace (TC egress) never uses the per-CPU caches:
+ *   each of its packets reserves its cost from the pool (one
+ *   compare-and-swap, rl_reserve), which is exact however packets spread
+ *   over CPUs. While the pool holds the tokens (the burst) the packet leaves
+ *   unstamped; after, it gets skb->tstamp = now + the time until its tokens
+ *   accrue (monotonic ns, fq's time base), so that fq releases the limit's
+ *   packets at its share. A packet already stamped later keeps the later
+ *   time. A packet whose departure would be more than the limit's horizon
+ *   ahead is dropped (horizon_drops) and reserves nothing; so is one another
+ *   limit rejects: its reservation is given back.
  * - An over-limit packet costs the clock read and, at most once per chunk of
  *   refill per CPU, one look at the shared pool (see bucket.h).
  * - A key seen for the first time gets a full bucket (burst). A key whose
@@ -80,19 +90,29 @@ enum {
 	MATCH_REJECT = 1,	/* empty, action drop: the packet is dropped */
 	MATCH_SHADOW = 2,	/* empty, action shadow: counted, draws nothing */
 	MATCH_FAIL_OPEN = 3,	/* no room for a bucket: passes, draws nothing */
-	MATCH_ADMIT_DRAWN = 4,	/* admitted, cost already drawn from the pool (rl_check_direct) */
+	MATCH_ADMIT_DRAWN = 4,	/* admitted, cost already drawn from the pool (rl_check_direct, rl_check_pace) */
+	MATCH_HORIZON = 5,	/* paced, departure beyond the horizon: the packet is dropped */
 };
+
+/* Whether a decision drops the packet. */
+static __always_inline bool rl_rejects(int state)
+{
+	return state == MATCH_REJECT || state == MATCH_HORIZON;
+}
 
 #define RL_NO_WAY 0xffff
 
-/* One limit's decision for one packet. 8 bytes: a packet's decisions live
- * on the stack, which the verifier caps at 512 bytes over all frames. */
+/* One limit's decision for one packet. */
 struct match {
 	__u32 cost;
 	__u16 slot;	/* rl_key_cache set x RL_KEY_CACHE_WAYS + way, or RL_NO_WAY */
 	__u8 id;
 	__u8 state;
+	__u32 wait_ns;	/* paced: how long after pace_now the packet may leave */
+	__u32 pad;
 };
+
+_Static_assert(RL_MAX_HORIZON_NS <= 0xffffffffU, "struct match holds a wait within the horizon in 32 bits");
 
 _Static_assert(RL_MAX_LIMITS <= 256, "struct match holds a limit id in a byte");
 _Static_assert(RL_KEY_CACHE_SETS * RL_KEY_CACHE_WAYS < RL_NO_WAY, "struct match holds a slot in 16 bits");
@@ -101,6 +121,7 @@ _Static_assert(RL_KEY_CACHE_SETS * RL_KEY_CACHE_WAYS < RL_NO_WAY, "struct match 
 struct rl_decision {
 	struct match m[RL_MAX_MATCH];
 	__u64 now;	/* the clock, read at most once (rl_now); 0: not yet */
+	__u64 pace_now;	/* the paced limits' clock (rl_pace_clock_read), idem */
 	__u64 seed[2];	/* rl_config.seed, for the keyed buckets' hash */
 };
 
@@ -387,6 +408,47 @@ static __always_inline int rl_check_direct(const struct pkt *p, struct match *m,
 	return state == MATCH_ADMIT ? MATCH_ADMIT_DRAWN : state;
 }
 
+/* A paced limit's decision: reserves the packet's cost from the limit's
+ * pool, or its key's, at once (rl_reserve; given back if another limit
+ * rejects the packet) and notes how long the packet must wait. No per-CPU
+ * cache: tokens a CPU held would leave back to back, unstamped. */
+static __always_inline int rl_check_pace(const struct pkt *p, struct rl_decision *d, struct match *m,
+					 const struct rl_limit *lim, struct rl_limit_cpu *lc)
+{
+	enum rl_lease_result r;
+	struct rl_pool *pool;
+	__u32 id = m->id;
+	__u64 wait = 0;
+
+	if (lim->key_kind == RL_KEY_NONE) {
+		pool = bpf_map_lookup_elem(&rl_pools, &id);
+		if (!pool)
+			return MATCH_FAIL_OPEN;
+	} else {
+		struct rl_bucket_key k = { .limit = id, .gen = lim->gen };
+
+		rl_bucket_key(lim, p, &k);
+		pool = rl_bucket_pool(&k, rl_hash(d->seed, id, lim->gen, k.addr), &lc->stats, NULL, false);
+		if (!pool) {
+			rl_global_count(G_POOL_FULL);
+			return MATCH_FAIL_OPEN;
+		}
+	}
+	if (!d->pace_now)
+		d->pace_now = rl_pace_clock_read();
+	r = rl_reserve(pool, &lim->params[lim->active & 1], m->cost, d->pace_now, lim->horizon_ns, &wait);
+	switch (r) {
+	case RL_LEASE_OK:
+		m->wait_ns = wait;
+		return MATCH_ADMIT_DRAWN;
+	case RL_LEASE_SHORT:
+		return MATCH_HORIZON;
+	default:
+		rl_global_count(G_LEASE_CONTENDED);
+		return MATCH_REJECT;
+	}
+}
+
 /* Decides limit m[i] of a packet without drawing from this CPU's cache:
  * makes sure the cache holds the packet's cost, leasing if needed.
  *
@@ -411,6 +473,9 @@ __noinline int rl_check(const struct pkt *p, struct rl_decision *d, __u32 i)
 	if (!lim)
 		return MATCH_FAIL_OPEN;	/* stale classifier bit: not a limit */
 	m->cost = rl_cost(lim, p);
+	m->wait_ns = 0;
+	if (lim->action == RL_ACTION_PACE)
+		return rl_check_pace(p, d, m, lim, lc);
 
 	if (lim->key_kind == RL_KEY_NONE) {
 		c = &lc->cache;
@@ -474,8 +539,9 @@ __noinline int rl_check(const struct pkt *p, struct rl_decision *d, __u32 i)
 				       m->cost, rl_now(&d->now)), lim);
 }
 
-/* Gives a draw made at check time (rl_check_direct) back to its pool: the packet was
- * rejected by another limit. Best effort, as rl_give_back. */
+/* Gives a draw made at check time (rl_check_direct, rl_check_pace) back to
+ * its pool: the packet was rejected by another limit. Best effort, as
+ * rl_give_back. */
 __noinline int rl_refund(const struct pkt *p, __u32 id, __u32 cost)
 {
 	struct rl_bucket_key k = {};
@@ -487,10 +553,14 @@ __noinline int rl_refund(const struct pkt *p, __u32 id, __u32 cost)
 	lim = bpf_map_lookup_elem(&rl_limits, &id);
 	if (!lim)
 		return 0;
-	k.limit = id;
-	k.gen = lim->gen;
-	rl_bucket_key(lim, p, &k);
-	pool = bpf_map_lookup_elem(&rl_buckets, &k);
+	if (lim->key_kind == RL_KEY_NONE) {
+		pool = bpf_map_lookup_elem(&rl_pools, &id);	/* a paced limit's */
+	} else {
+		k.limit = id;
+		k.gen = lim->gen;
+		rl_bucket_key(lim, p, &k);
+		pool = bpf_map_lookup_elem(&rl_buckets, &k);
+	}
 	if (pool)
 		rl_give_back(pool, cost);
 	return 0;
@@ -511,7 +581,25 @@ static __always_inline void rl_commit(const struct pkt *p, const struct match *m
 			rl_refund(p, id, m->cost);
 			return;
 		}
+		if (m->wait_ns) {
+			struct rl_pace_stats *ps = bpf_map_lookup_elem(&rl_pace, &id);
+
+			if (ps) {
+				ps->paced_packets += p->segs;
+				ps->paced_delay_ns += (__u64)m->wait_ns * p->segs;
+				if (m->wait_ns > ps->paced_delay_max_ns)
+					ps->paced_delay_max_ns = m->wait_ns;
+			}
+		}
 		break;
+	case MATCH_HORIZON: {
+		struct rl_pace_stats *ps = bpf_map_lookup_elem(&rl_pace, &id);
+
+		if (ps)
+			ps->horizon_drops += p->segs;
+		rl_count(&lc->stats, MATCH_REJECT, p);
+		return;
+	}
 	case MATCH_ADMIT:
 		if (!pass)
 			return;	/* dropped by another limit: draws nothing */
@@ -719,20 +807,21 @@ static __always_inline bool rl_walk_rest_has(const struct rl_walk *it, const str
 }
 
 /* The general case: check every candidate without drawing, then commit all
- * or nothing. Returns 1 if the packet may pass.
+ * or nothing. Returns 1 if the packet may pass, and sets *depart to the
+ * departure its paced limits gave it (0: none).
  *
  * A global function, verified once: inlined at each of its call sites it
  * took the program's verification from 70k to 890k instructions, near the
  * 1M limit. */
-__noinline int rl_decide_all(const struct pkt *p, const struct rl_mask *cand, __u64 now)
+__noinline int rl_decide_all(const struct pkt *p, const struct rl_mask *cand, __u64 now, __u64 *depart)
 {
 	struct rl_decision *d;
 	struct rl_walk it;
 	struct rl_config *cfg;
 	bool pass = true;
-	__u32 n = 0, id, zero = 0;
+	__u32 n = 0, id, zero = 0, wait = 0;
 
-	if (!p || !cand)
+	if (!p || !cand || !depart)
 		return 1;
 	cfg = bpf_map_lookup_elem(&rl_cfg, &zero);
 	d = bpf_map_lookup_elem(&rl_scratch, &zero);
@@ -740,6 +829,7 @@ __noinline int rl_decide_all(const struct pkt *p, const struct rl_mask *cand, __
 		return 1;
 	it = rl_walk_start(cand);
 	d->now = now;
+	d->pace_now = 0;
 	d->seed[0] = cfg->seed[0];
 	d->seed[1] = cfg->seed[1];
 	for (int i = 0; i < RL_MAX_MATCH; i++) {
@@ -747,7 +837,7 @@ __noinline int rl_decide_all(const struct pkt *p, const struct rl_mask *cand, __
 			break;
 		d->m[i].id = id;
 		d->m[i].state = rl_check(p, d, i);
-		if (d->m[i].state == MATCH_REJECT)
+		if (rl_rejects(d->m[i].state))
 			pass = false;
 		n = i + 1;
 	}
@@ -764,7 +854,11 @@ __noinline int rl_decide_all(const struct pkt *p, const struct rl_mask *cand, __
 		if (i >= n)
 			break;
 		rl_commit(p, &d->m[i], pass);
+		if (d->m[i].wait_ns > wait)
+			wait = d->m[i].wait_ns;
 	}
+	if (pass && wait)
+		*depart = d->pace_now + wait;
 	return pass;
 }
 
@@ -773,9 +867,11 @@ __noinline int rl_decide_all(const struct pkt *p, const struct rl_mask *cand, __
  * cache holds the cost: draw it and admit; a key-less limit's CPU waits for
  * its pool to refill: reject without touching the pool). Everything else
  * (lease, new key, taking a cache way, stale generation) goes through
- * rl_check and rl_commit, as in rl_decide_all, without the walk. */
+ * rl_check and rl_commit, as in rl_decide_all, without the walk. A paced
+ * limit always goes that way: it never holds cached tokens (its caches'
+ * generation is never its own: rl_check_pace does not lease). */
 static __always_inline bool rl_decide_one(const struct pkt *p, const struct rl_config *cfg,
-					  __u32 id, __u64 now)
+					  __u32 id, __u64 now, __u64 *depart)
 {
 	struct rl_limit_cpu *lc;
 	struct rl_limit *lim = rl_limit_of(id, &lc);
@@ -830,18 +926,23 @@ slow:
 	if (!d)
 		return true;
 	d->now = now;
+	d->pace_now = 0;
 	d->seed[0] = cfg->seed[0];
 	d->seed[1] = cfg->seed[1];
 	d->m[0].id = id;
 	state = rl_check(p, d, 0);
 	d->m[0].state = state;
-	rl_commit(p, &d->m[0], state != MATCH_REJECT);
-	return state != MATCH_REJECT;
+	rl_commit(p, &d->m[0], !rl_rejects(state));
+	if (rl_rejects(state))
+		return false;
+	if (d->m[0].wait_ns)
+		*depart = d->pace_now + d->m[0].wait_ns;
+	return true;
 }
 
 /* The common case of several candidates, inline: every one is a key-less
- * limit whose CPU cache holds the packet's cost. Then the packet passes and
- * each draws its cost. Returns false, having drawn nothing, if any candidate
+ * limit whose CPU cache holds the packet's cost (never a paced one: see
+ * rl_decide_one). Then the packet passes and each draws its cost. Returns false, having drawn nothing, if any candidate
  * needs more (lease, keys, over limit, more than RL_MAX_MATCH candidates):
  * the caller then goes the general way. */
 static __always_inline bool rl_decide_fast(const struct pkt *p, const struct rl_mask *cand)
@@ -898,8 +999,9 @@ __noinline int rl_frag(struct pkt *p, __u64 *now)
 }
 
 /* The one decision for a parsed packet, for every program: the limits of
- * hook (enum rl_hook). Returns true if the packet may pass. */
-static __always_inline bool rl_decide(struct pkt *p, __u32 hook)
+ * hook (enum rl_hook). Returns true if the packet may pass; *depart is then
+ * the earliest departure its paced limits gave it, or left alone. */
+static __always_inline bool rl_decide(struct pkt *p, __u32 hook, __u64 *depart)
 {
 	__u32 dir = hook & 1;	/* the traffic's direction (enum rl_hook) */
 	struct rl_config *cfg;
@@ -927,10 +1029,11 @@ static __always_inline bool rl_decide(struct pkt *p, __u32 hook)
 
 	/* Exactly one candidate: the common case. */
 	if (cand.w[0] ? !(cand.w[0] & (cand.w[0] - 1)) && !cand.w[1] : !(cand.w[1] & (cand.w[1] - 1)))
-		return rl_decide_one(p, cfg, cand.w[0] ? rl_ctz64(cand.w[0]) : 64 + rl_ctz64(cand.w[1]), now);
+		return rl_decide_one(p, cfg, cand.w[0] ? rl_ctz64(cand.w[0]) : 64 + rl_ctz64(cand.w[1]), now,
+				     depart);
 	if (rl_decide_fast(p, &cand))
 		return true;
-	return rl_decide_all(p, &cand, now);
+	return rl_decide_all(p, &cand, now, depart);
 }
 
 SEC("xdp")
@@ -939,11 +1042,12 @@ int xdp_ratelimit(struct xdp_md *ctx)
 	void *data = (void *)(long)ctx->data;
 	void *end = (void *)(long)ctx->data_end;
 	struct pkt p = {};
+	__u64 depart = 0;	/* no paced limit at XDP (validation) */
 
 	rl_clock_tick();
 	if (parse_packet(data, end, &p) < 0)
 		return XDP_PASS;
-	return rl_decide(&p, RL_HOOK_UPLINK_IN) ? XDP_PASS : XDP_DROP;
+	return rl_decide(&p, RL_HOOK_UPLINK_IN, &depart) ? XDP_PASS : XDP_DROP;
 }
 
 #ifndef TCX_NEXT
@@ -951,18 +1055,38 @@ int xdp_ratelimit(struct xdp_md *ctx)
 #endif
 _Static_assert(TCX_NEXT == TC_ACT_UNSPEC, "one verdict passes under tcx and under clsact");
 
+/* Sets a paced packet's earliest departure, unless it already has a later
+ * one (a TCP socket's own pacing, or another program's): a delivery time on
+ * the monotonic clock, which fq releases it at and which survives
+ * forwarding and namespace crossings (bpf_skb_set_tstamp, 5.18+). At TC
+ * egress a tstamp is 0 or a delivery time: the stack clears receive
+ * timestamps when it forwards a packet or moves it to another namespace.
+ * (The tstamp_type is not compared: BPF_PROG_TEST_RUN can neither set nor
+ * report it, so no test could see that comparison.) */
+static __always_inline void rl_stamp(struct __sk_buff *skb, __u64 depart)
+{
+	if (skb->tstamp >= depart)
+		return;
+	bpf_skb_set_tstamp(skb, depart, BPF_SKB_TSTAMP_DELIVERY_MONO);
+}
+
 /* The TC programs: one per hook, the hook a constant so that the verifier
  * keeps one hook's path. The same skb program works under tcx and as a
  * clsact direct-action filter. */
 static __always_inline int rl_tc(struct __sk_buff *skb, __u32 hook)
 {
 	struct pkt p = {};
+	__u64 depart = 0;
 
 	rl_clock_tick();
 	if (rl_parse_skb(skb, &p) < 0)
 		return TCX_NEXT;
 	rl_skb_wire(skb, &p);
-	return rl_decide(&p, hook) ? TCX_NEXT : TC_ACT_SHOT;
+	if (!rl_decide(&p, hook, &depart))
+		return TC_ACT_SHOT;
+	if (__builtin_expect(depart != 0, 0))
+		rl_stamp(skb, depart);
+	return TCX_NEXT;
 }
 
 /* An uplink's TC ingress: the uplink's ingress limits where XDP cannot be
@@ -999,10 +1123,13 @@ int tc_endpoint_out(struct __sk_buff *skb)
 /* Reads the data path's clock into rl_clock_probe_out, for user space to set
  * a limit's virtual clock base on the same time line. Run with test_run. */
 __u64 rl_clock_probe_out;
+/* The same for the paced limits' clock (rl_pace_clock_read). */
+__u64 rl_pace_probe_out;
 
 SEC("xdp")
 int xdp_clock_probe(struct xdp_md *ctx)
 {
 	rl_clock_probe_out = rl_clock_read();
+	rl_pace_probe_out = rl_pace_clock_read();
 	return XDP_PASS;
 }

@@ -18,6 +18,7 @@ type RatelimitRlAction uint32
 const (
 	RatelimitRlActionRL_ACTION_DROP   RatelimitRlAction = 0
 	RatelimitRlActionRL_ACTION_SHADOW RatelimitRlAction = 1
+	RatelimitRlActionRL_ACTION_PACE   RatelimitRlAction = 2
 )
 
 type RatelimitRlAttach uint32
@@ -84,19 +85,23 @@ const (
 	RatelimitRlConstRL_MAX_BURST_SECONDS RatelimitRlConst = 3600
 	RatelimitRlConstRL_MAX_PROTECT       RatelimitRlConst = 32
 	RatelimitRlConstRL_PROTECT_SIDE      RatelimitRlConst = 131072
+	RatelimitRlConstRL_MAX_HORIZON_NS    RatelimitRlConst = 4000000000
 )
 
 type RatelimitRlDecision struct {
 	_ structs.HostLayout
 	M [16]struct {
-		_     structs.HostLayout
-		Cost  uint32
-		Slot  uint16
-		Id    uint8
-		State uint8
+		_      structs.HostLayout
+		Cost   uint32
+		Slot   uint16
+		Id     uint8
+		State  uint8
+		WaitNs uint32
+		Pad    uint32
 	}
-	Now  uint64
-	Seed [2]uint64
+	Now     uint64
+	PaceNow uint64
+	Seed    [2]uint64
 }
 
 type RatelimitRlDirection uint32
@@ -178,20 +183,20 @@ type RatelimitRlKeySlot struct {
 }
 
 type RatelimitRlLimit struct {
-	_       structs.HostLayout
-	Gen     uint32
-	Seq     uint32
-	Unit    uint8
-	KeyKind uint8
-	Action  uint8
-	Pad0    uint8
-	Pad1    uint32
-	Prefix4 uint32
-	Prefix6 [4]uint32
-	_       [4]byte
-	Params  [2]RatelimitRlParams
-	Active  uint32
-	Pad2    uint32
+	_         structs.HostLayout
+	Gen       uint32
+	Seq       uint32
+	Unit      uint8
+	KeyKind   uint8
+	Action    uint8
+	Pad0      uint8
+	HorizonNs uint32
+	Prefix4   uint32
+	Prefix6   [4]uint32
+	_         [4]byte
+	Params    [2]RatelimitRlParams
+	Active    uint32
+	Pad2      uint32
 }
 
 type RatelimitRlLimitCpu struct {
@@ -243,6 +248,14 @@ const (
 	RatelimitRlMetaStateRL_META_CLAMPED  RatelimitRlMetaState = 1
 	RatelimitRlMetaStateRL_META_REJECTED RatelimitRlMetaState = 2
 )
+
+type RatelimitRlPaceStats struct {
+	_               structs.HostLayout
+	PacedPackets    uint64
+	PacedDelayNs    uint64
+	PacedDelayMaxNs uint64
+	HorizonDrops    uint64
+}
 
 type RatelimitRlParams struct {
 	_      structs.HostLayout
@@ -309,6 +322,7 @@ const (
 	RatelimitMapRlKeyCache      = "rl_key_cache"
 	RatelimitMapRlLimits        = "rl_limits"
 	RatelimitMapRlMeta          = "rl_meta"
+	RatelimitMapRlPace          = "rl_pace"
 	RatelimitMapRlPercpu        = "rl_percpu"
 	RatelimitMapRlPools         = "rl_pools"
 	RatelimitMapRlPorts         = "rl_ports"
@@ -340,6 +354,7 @@ const (
 	RatelimitVarRlClockProbeOut = "rl_clock_probe_out"
 	RatelimitVarRlClockSrc      = "rl_clock_src"
 	RatelimitVarRlNsPerJiffy    = "rl_ns_per_jiffy"
+	RatelimitVarRlPaceProbeOut  = "rl_pace_probe_out"
 	RatelimitVarRlTestNow       = "rl_test_now"
 	RatelimitVarRlTombstoneMask = "rl_tombstone_mask"
 )
@@ -407,6 +422,7 @@ type RatelimitMapSpecs struct {
 	RlKeyCache     *ebpf.MapSpec `ebpf:"rl_key_cache"`
 	RlLimits       *ebpf.MapSpec `ebpf:"rl_limits"`
 	RlMeta         *ebpf.MapSpec `ebpf:"rl_meta"`
+	RlPace         *ebpf.MapSpec `ebpf:"rl_pace"`
 	RlPercpu       *ebpf.MapSpec `ebpf:"rl_percpu"`
 	RlPools        *ebpf.MapSpec `ebpf:"rl_pools"`
 	RlPorts        *ebpf.MapSpec `ebpf:"rl_ports"`
@@ -438,6 +454,7 @@ type RatelimitVariableSpecs struct {
 	RlClockProbeOut *ebpf.VariableSpec `ebpf:"rl_clock_probe_out"`
 	RlClockSrc      *ebpf.VariableSpec `ebpf:"rl_clock_src"`
 	RlNsPerJiffy    *ebpf.VariableSpec `ebpf:"rl_ns_per_jiffy"`
+	RlPaceProbeOut  *ebpf.VariableSpec `ebpf:"rl_pace_probe_out"`
 	RlTestNow       *ebpf.VariableSpec `ebpf:"rl_test_now"`
 	RlTombstoneMask *ebpf.VariableSpec `ebpf:"rl_tombstone_mask"`
 }
@@ -471,6 +488,7 @@ type RatelimitMaps struct {
 	RlKeyCache     *ebpf.Map `ebpf:"rl_key_cache"`
 	RlLimits       *ebpf.Map `ebpf:"rl_limits"`
 	RlMeta         *ebpf.Map `ebpf:"rl_meta"`
+	RlPace         *ebpf.Map `ebpf:"rl_pace"`
 	RlPercpu       *ebpf.Map `ebpf:"rl_percpu"`
 	RlPools        *ebpf.Map `ebpf:"rl_pools"`
 	RlPorts        *ebpf.Map `ebpf:"rl_ports"`
@@ -495,6 +513,7 @@ func (m *RatelimitMaps) Close() error {
 		m.RlKeyCache,
 		m.RlLimits,
 		m.RlMeta,
+		m.RlPace,
 		m.RlPercpu,
 		m.RlPools,
 		m.RlPorts,
@@ -527,6 +546,7 @@ type RatelimitVariables struct {
 	RlClockProbeOut *ebpf.Variable `ebpf:"rl_clock_probe_out"`
 	RlClockSrc      *ebpf.Variable `ebpf:"rl_clock_src"`
 	RlNsPerJiffy    *ebpf.Variable `ebpf:"rl_ns_per_jiffy"`
+	RlPaceProbeOut  *ebpf.Variable `ebpf:"rl_pace_probe_out"`
 	RlTestNow       *ebpf.Variable `ebpf:"rl_test_now"`
 	RlTombstoneMask *ebpf.Variable `ebpf:"rl_tombstone_mask"`
 }

@@ -239,18 +239,41 @@ func (d *Datapath) CPUs() int { return d.ncpu }
 
 // Now reads the data path's clock, in nanoseconds.
 func (d *Datapath) Now() (uint64, error) {
+	now, _, err := d.clocks()
+	return now, err
+}
+
+// paceNow reads the clock of paced limits (CLOCK_MONOTONIC, the time base
+// of departure times; the test clock with ClockTest), in nanoseconds.
+func (d *Datapath) paceNow() (uint64, error) {
+	_, now, err := d.clocks()
+	return now, err
+}
+
+// clockOf reads the clock that a limit with action a keeps its buckets on.
+func (d *Datapath) clockOf(a Action) (uint64, error) {
+	if a == Pace {
+		return d.paceNow()
+	}
+	return d.Now()
+}
+
+// clocks reads both clocks of the data path.
+func (d *Datapath) clocks() (now, pace uint64, err error) {
 	ret, err := d.objs.XdpClockProbe.Run(&ebpf.RunOptions{Data: make([]byte, 64)})
 	if err != nil {
-		return 0, fmt.Errorf("read data path clock: %w", err)
+		return 0, 0, fmt.Errorf("read data path clock: %w", err)
 	}
 	if ret != 2 { // XDP_PASS
-		return 0, fmt.Errorf("read data path clock: probe returned %d", ret)
+		return 0, 0, fmt.Errorf("read data path clock: probe returned %d", ret)
 	}
-	var now uint64
 	if err := d.objs.RlClockProbeOut.Get(&now); err != nil {
-		return 0, fmt.Errorf("read data path clock: %w", err)
+		return 0, 0, fmt.Errorf("read data path clock: %w", err)
 	}
-	return now, nil
+	if err := d.objs.RlPaceProbeOut.Get(&pace); err != nil {
+		return 0, 0, fmt.Errorf("read data path clock: %w", err)
+	}
+	return now, pace, nil
 }
 
 // ErrNoTestClock means the data path was not loaded with ClockTest.

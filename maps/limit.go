@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"time"
 
 	"github.com/rlagent/rlagent/bpf"
 )
@@ -17,6 +18,8 @@ const (
 	MaxRate = uint64(bpf.RatelimitRlConstRL_MAX_RATE)
 	// MaxBurstSeconds bounds burst / rate.
 	MaxBurstSeconds = uint64(bpf.RatelimitRlConstRL_MAX_BURST_SECONDS)
+	// MaxHorizon is the longest horizon of a paced limit.
+	MaxHorizon = time.Duration(bpf.RatelimitRlConstRL_MAX_HORIZON_NS)
 )
 
 // Sentinel errors.
@@ -47,6 +50,12 @@ type Action uint8
 const (
 	Drop   = Action(bpf.RatelimitRlActionRL_ACTION_DROP)
 	Shadow = Action(bpf.RatelimitRlActionRL_ACTION_SHADOW)
+	// Pace gives the packet an earliest departure time (EDT) at which its
+	// tokens will have accrued, and drops it if that is more than the
+	// limit's Horizon ahead. Only at UplinkOut: the TC egress of an
+	// uplink, before its qdisc, which must be fq for the departure to
+	// mean anything.
+	Pace = Action(bpf.RatelimitRlActionRL_ACTION_PACE)
 )
 
 // KeyKind is how a limit splits its traffic into buckets.
@@ -194,6 +203,9 @@ type Limit struct {
 	Prefix4 uint8 // KeySrcPrefix, KeyDstPrefix: IPv4 prefix length, 1..32
 	Prefix6 uint8 // KeySrcPrefix, KeyDstPrefix: IPv6 prefix length, 1..128
 	Action  Action
+	// Horizon (Pace only): a packet that would have to wait longer is
+	// dropped. 1 µs..MaxHorizon.
+	Horizon time.Duration
 	Match   Match
 }
 
@@ -214,8 +226,18 @@ func (l *Limit) Validate() error {
 	if l.Unit > Connections {
 		return fmt.Errorf("unit: %d is not one of packets (%d), bytes (%d), connections (%d)", l.Unit, Packets, Bytes, Connections)
 	}
-	if l.Action > Shadow {
-		return fmt.Errorf("action: %d is not one of drop (%d), shadow (%d)", l.Action, Drop, Shadow)
+	if l.Action > Pace {
+		return fmt.Errorf("action: %d is not one of drop (%d), shadow (%d), pace (%d)", l.Action, Drop, Shadow, Pace)
+	}
+	if l.Action == Pace {
+		if h := l.Match.Attach.Hook(l.Match.Direction); h != UplinkOut {
+			return fmt.Errorf("action: pace works only at %v (direction egress, attach uplink), where the uplink's qdisc follows; this limit is at %v", UplinkOut, h)
+		}
+		if l.Horizon < time.Microsecond || l.Horizon > MaxHorizon {
+			return fmt.Errorf("horizon: %v is not in %v..%v", l.Horizon, time.Microsecond, MaxHorizon)
+		}
+	} else if l.Horizon != 0 {
+		return fmt.Errorf("horizon: only for action pace, not %v", l.Action)
 	}
 	switch l.Key {
 	case KeyNone, KeySrcIP, KeyDstIP, KeyDstPort:
@@ -265,8 +287,12 @@ func (l *Limit) Validate() error {
 
 // needsNewBuckets reports whether changing a limit from l to n changes what
 // its buckets mean, so that the old ones must be discarded.
+//
+// A paced limit's buckets run on another clock (Datapath.paceNow) than the
+// others': a limit that starts or stops pacing starts over too.
 func (l *Limit) needsNewBuckets(n *Limit) bool {
-	return l.Unit != n.Unit || l.Key != n.Key || l.Prefix4 != n.Prefix4 || l.Prefix6 != n.Prefix6
+	return l.Unit != n.Unit || l.Key != n.Key || l.Prefix4 != n.Prefix4 || l.Prefix6 != n.Prefix6 ||
+		(l.Action == Pace) != (n.Action == Pace)
 }
 
 func (l *Limit) clone() Limit {
@@ -312,6 +338,8 @@ func (a Action) String() string {
 		return "drop"
 	case Shadow:
 		return "shadow"
+	case Pace:
+		return "pace"
 	}
 	return fmt.Sprintf("action(%d)", uint8(a))
 }

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/rlagent/rlagent/bpf"
 )
@@ -64,6 +65,8 @@ func TestValidate(t *testing.T) {
 		{name: "connections", modify: func(l *Limit) { l.Unit = Connections }},
 		{name: "connections, any protocol", modify: func(l *Limit) { l.Unit, l.Match.Protocol = Connections, AnyProtocol }},
 		{name: "at the endpoints", modify: func(l *Limit) { l.Match.Attach = Endpoints }},
+		{name: "pace at the uplinks' egress", modify: func(l *Limit) { l.Action, l.Horizon, l.Match.Direction = Pace, time.Second, Egress }},
+		{name: "pace horizon at MaxHorizon", modify: func(l *Limit) { l.Action, l.Horizon, l.Match.Direction = Pace, MaxHorizon, Egress }},
 
 		{name: "rate above MaxRate", modify: func(l *Limit) { l.Rate = MaxRate + 1 }, field: "rate:"},
 		{name: "burst 0 with rate", modify: func(l *Limit) { l.Burst = 0 }, field: "burst:"},
@@ -73,7 +76,17 @@ func TestValidate(t *testing.T) {
 		{name: "unknown unit", modify: func(l *Limit) { l.Unit = Connections + 1 }, field: "unit:", choices: []string{"packets", "bytes", "connections"}},
 		{name: "connections of udp", modify: func(l *Limit) { l.Unit, l.Match.Protocol = Connections, UDP }, field: "unit:", choices: []string{"tcp", "any"}},
 		{name: "connections of icmp", modify: func(l *Limit) { l.Unit, l.Match.Protocol, l.Match.DstPorts = Connections, ICMP, nil }, field: "unit:"},
-		{name: "unknown action", modify: func(l *Limit) { l.Action = Shadow + 1 }, field: "action:", choices: []string{"drop", "shadow"}},
+		{name: "unknown action", modify: func(l *Limit) { l.Action = Pace + 1 }, field: "action:", choices: []string{"drop", "shadow", "pace"}},
+		{name: "pace at the endpoints' egress", modify: func(l *Limit) {
+			l.Action, l.Horizon, l.Match.Attach, l.Match.Direction = Pace, time.Millisecond, Endpoints, Egress
+		}, field: "action:", choices: []string{"uplink-out"}},
+		{name: "pace on ingress", modify: func(l *Limit) { l.Action, l.Horizon, l.Match.Direction = Pace, time.Millisecond, Ingress }, field: "action:",
+			choices: []string{"uplink-out", "uplink-in"}},
+		{name: "pace without a horizon", modify: func(l *Limit) { l.Action, l.Match.Direction = Pace, Egress }, field: "horizon:"},
+		{name: "pace horizon above MaxHorizon", modify: func(l *Limit) {
+			l.Action, l.Horizon, l.Match.Direction = Pace, MaxHorizon+1, Egress
+		}, field: "horizon:"},
+		{name: "horizon without pace", modify: func(l *Limit) { l.Horizon = time.Millisecond }, field: "horizon:"},
 		{name: "unknown key", modify: func(l *Limit) { l.Key = KeyDstPrefix + 1 }, field: "key:",
 			choices: []string{"none", "src-ip", "dst-ip", "src-prefix", "dst-port", "dst-prefix"}},
 		{name: "dst-prefix prefix4 0", modify: func(l *Limit) { l.Key, l.Prefix4 = KeyDstPrefix, 0 }, field: "prefix4:"},

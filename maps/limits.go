@@ -8,6 +8,7 @@ import (
 	"math/bits"
 	"net/netip"
 	"reflect"
+	"time"
 
 	"github.com/cilium/ebpf"
 
@@ -48,7 +49,7 @@ func (d *Datapath) SetLimit(id uint32, l Limit) error {
 	if err := l.Validate(); err != nil {
 		return fmt.Errorf("set limit %d: %w", id, err)
 	}
-	now, err := d.Now()
+	now, err := d.clockOf(l.Action)
 	if err != nil {
 		return fmt.Errorf("set limit %d: %w", id, err)
 	}
@@ -87,6 +88,7 @@ func (d *Datapath) SetLimit(id uint32, l Limit) error {
 	e.Unit = uint8(l.Unit)
 	e.KeyKind = uint8(l.Key)
 	e.Action = uint8(l.Action)
+	e.HorizonNs = uint32(l.Horizon.Nanoseconds())
 	if l.Key.prefixKey() {
 		e.Prefix4 = netmask4(int(l.Prefix4))
 		e.Prefix6 = netmask6(int(l.Prefix6))
@@ -265,6 +267,9 @@ func (d *Datapath) clearCounters(id uint32) error {
 	if err := d.objs.RlPercpu.Put(id, zero); err != nil {
 		return fmt.Errorf("clear counters: %w", err)
 	}
+	if err := d.objs.RlPace.Put(id, make([]bpf.RatelimitRlPaceStats, d.possibleCPUs())); err != nil {
+		return fmt.Errorf("clear counters: %w", err)
+	}
 	return nil
 }
 
@@ -353,8 +358,9 @@ func (d *Datapath) load() error {
 			Burst:  p.Burst,
 			Unit:   Unit(e.Unit),
 			Key:    KeyKind(e.KeyKind),
-			Action: Action(e.Action),
-			Match:  cls.matchOf(id),
+			Action:  Action(e.Action),
+			Horizon: time.Duration(e.HorizonNs),
+			Match:   cls.matchOf(id),
 		}
 		if l.Key.prefixKey() {
 			l.Prefix4 = uint8(bits.OnesCount32(e.Prefix4))

@@ -23,6 +23,13 @@ type Stats struct {
 	ShadowBytes     uint64 `json:"shadowBytes"`
 	NewKeys         uint64 `json:"newKeys"`      // keyed limits: buckets created for a new key
 	ReturnedKeys    uint64 `json:"returnedKeys"` // keyed limits: keys back after their bucket was evicted
+	// Paced limits: admitted packets that got a later departure, the
+	// delay they got in all and the longest (ns), and packets dropped for
+	// a departure beyond the horizon (also in DroppedPackets).
+	PacedPackets    uint64 `json:"pacedPackets,omitempty"`
+	PacedDelayNs    uint64 `json:"pacedDelayNs,omitempty"`
+	PacedDelayMaxNs uint64 `json:"pacedDelayMaxNs,omitempty"`
+	HorizonDrops    uint64 `json:"horizonDrops,omitempty"`
 }
 
 // Stats reads a limit's counters.
@@ -44,6 +51,19 @@ func (d *Datapath) Stats(id uint32) (Stats, error) {
 		s.ShadowBytes += c.Stats.ShadowBytes
 		s.NewKeys += c.Stats.NewKeys
 		s.ReturnedKeys += c.Stats.ReturnedKeys
+	}
+	if d.limits[id].limit.Action != Pace {
+		return s, nil
+	}
+	var pace []bpf.RatelimitRlPaceStats
+	if err := d.objs.RlPace.Lookup(id, &pace); err != nil {
+		return Stats{}, fmt.Errorf("stats of limit %d: %w", id, err)
+	}
+	for _, c := range pace {
+		s.PacedPackets += c.PacedPackets
+		s.PacedDelayNs += c.PacedDelayNs
+		s.PacedDelayMaxNs = max(s.PacedDelayMaxNs, c.PacedDelayMaxNs)
+		s.HorizonDrops += c.HorizonDrops
 	}
 	return s, nil
 }
@@ -113,7 +133,7 @@ func (d *Datapath) Buckets(id uint32) ([]Bucket, error) {
 	if !ok {
 		return nil, fmt.Errorf("buckets of limit %d: %w", id, ErrUnknownLimit)
 	}
-	now, err := d.Now()
+	now, err := d.clockOf(in.limit.Action)
 	if err != nil {
 		return nil, fmt.Errorf("buckets of limit %d: %w", id, err)
 	}

@@ -562,6 +562,9 @@ type Verdict struct {
 	// AtUplink says why this node enforces a limit meant for its endpoints'
 	// interfaces at its uplinks, or "".
 	AtUplink string
+	// PaceIneffective says why this node's uplinks do not hold a paced
+	// limit's packets to their departure times (no fq), or "".
+	PaceIneffective string
 }
 
 // condition is the Accepted condition v stands for, with its severity
@@ -577,6 +580,8 @@ func (v Verdict) condition(node string) (cond map[string]any, severity int) {
 		return map[string]any{"status": "True", "reason": v1alpha1.ReasonClamped, "message": nodeMessage(node, msg)}, 1
 	case v.AtUplink != "":
 		return map[string]any{"status": "True", "reason": v1alpha1.ReasonEnforcedAtUplink, "message": nodeMessage(node, v.AtUplink)}, 1
+	case v.PaceIneffective != "":
+		return map[string]any{"status": "True", "reason": v1alpha1.ReasonPaceIneffective, "message": nodeMessage(node, v.PaceIneffective)}, 1
 	}
 	return map[string]any{"status": "True", "reason": v1alpha1.ReasonValid, "message": ""}, 0
 }
@@ -590,7 +595,7 @@ func reasonSeverity(reason any) int {
 		return 3
 	case v1alpha1.ReasonDoesNotFit:
 		return 2
-	case v1alpha1.ReasonClamped, v1alpha1.ReasonEnforcedAtUplink:
+	case v1alpha1.ReasonClamped, v1alpha1.ReasonEnforcedAtUplink, v1alpha1.ReasonPaceIneffective:
 		return 1
 	}
 	return 0
@@ -633,7 +638,7 @@ func (k *Kubernetes) ReportStatus(ctx context.Context, name string, v Verdict, r
 		msg, _ := old["message"].(string)
 		oldSeverity := reasonSeverity(old["reason"])
 		nodeSpecific := old["reason"] == v1alpha1.ReasonDoesNotFit || old["reason"] == v1alpha1.ReasonClamped ||
-			old["reason"] == v1alpha1.ReasonEnforcedAtUplink
+			old["reason"] == v1alpha1.ReasonEnforcedAtUplink || old["reason"] == v1alpha1.ReasonPaceIneffective
 		ours := strings.HasPrefix(msg, nodeMessage(k.cfg.NodeName, ""))
 		if !ours && (oldSeverity > severity || (oldSeverity == severity && nodeSpecific)) {
 			cond = maps.Clone(old) // another node's report of something at least as bad (a copy: old is the cache's)

@@ -84,6 +84,11 @@ func TestReportStatusConverges(t *testing.T) {
 	report(b, Verdict{}, "True", v1alpha1.ReasonValid, "")
 	report(h.k, Verdict{Clamped: "clamped", AtUplink: "enforced at the uplink: x"}, "True", v1alpha1.ReasonClamped,
 		"node node-a: clamped; enforced at the uplink: x")
+	// Pacing ineffective on a node is as severe too.
+	report(h.k, Verdict{}, "True", v1alpha1.ReasonValid, "")
+	report(b, Verdict{PaceIneffective: "paced packets are not held to their departure time on eth0: root qdisc is fq_codel"}, "True",
+		v1alpha1.ReasonPaceIneffective, "node node-b: paced packets are not held to their departure time on eth0: root qdisc is fq_codel")
+	report(b, Verdict{}, "True", v1alpha1.ReasonValid, "")
 	// An invalid spec is worse than all.
 	report(b, Verdict{Invalid: errors.New("spec.rate: bad")}, "False", v1alpha1.ReasonInvalid, "spec.rate: bad")
 	report(h.k, Verdict{Clamped: "clamped"}, "False", v1alpha1.ReasonInvalid, "spec.rate: bad")

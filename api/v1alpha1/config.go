@@ -12,8 +12,10 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"time"
 
 	yamlv2 "go.yaml.in/yaml/v2"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // LoadConfig reads the config file at path with ParseConfig.
@@ -186,6 +188,8 @@ func wrap(doing string, err error) error {
 	return fmt.Errorf("%s: %w", doing, err)
 }
 
+var durationType = reflect.TypeFor[metav1.Duration]()
+
 // toJSON checks a decoded YAML value against the Go type it will be decoded
 // into (field names, and the kind of every value) and converts it to a value
 // encoding/json marshals: mappings to map[string]any, numbers where a string
@@ -200,6 +204,17 @@ func toJSON(v any, t reflect.Type, path string) (any, []error) {
 	at := path
 	if at == "" {
 		at = "config"
+	}
+	if t == durationType {
+		// A struct in Go, a string such as "100ms" in the file.
+		x, ok := v.(string)
+		if !ok {
+			return nil, []error{wrongKind(at, `a duration such as "100ms"`, v)}
+		}
+		if _, err := time.ParseDuration(x); err != nil {
+			return nil, []error{&FieldError{Field: at, Detail: fmt.Sprintf("%q is not a duration: a number and a unit, such as 100ms or 1.5s", x)}}
+		}
+		return x, nil
 	}
 	switch t.Kind() {
 	case reflect.Struct:

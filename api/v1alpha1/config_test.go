@@ -6,6 +6,9 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // fullConfig sets every field of the file to a value other than its default.
@@ -37,6 +40,13 @@ limits:
     ipv4: 16
   scope: static
   action: shadow
+- name: egress-paced
+  rate: 5000
+  match:
+    direction: egress
+  action: pace
+  horizon: 250ms
+manageQdisc: true
 `
 
 func TestParseConfig(t *testing.T) {
@@ -71,7 +81,14 @@ func TestParseConfig(t *testing.T) {
 				PrefixLength: &PrefixLength{IPv4: 16, IPv6: DefaultPrefixLengthIPv6},
 				Scope:        ScopeStatic, Action: ActionShadow, Attach: AttachUplink,
 			}},
+			{Name: "egress-paced", RateLimitSpec: RateLimitSpec{
+				Rate: 5000, Unit: UnitPackets,
+				Match: Match{Direction: DirectionEgress, Protocol: ProtocolAny},
+				Key:   KeyNone, Scope: ScopeStatic, Action: ActionPace, Attach: AttachUplink,
+				Horizon: &metav1.Duration{Duration: 250 * time.Millisecond},
+			}},
 		},
+		ManageQdisc: true,
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("got\n%+v\nwant\n%+v", c, want)
@@ -148,6 +165,12 @@ func TestDecodeErrors(t *testing.T) {
 			[]string{"limits[0].prefixLength.ipv4: 300 is out of range 0..255"}},
 		{"count too large for int32", "count: {static: 3000000000}\n",
 			[]string{"count.static: 3000000000 is out of range -2147483648..2147483647"}},
+		{"horizon a number", "limits:\n- name: a\n  rate: 1\n  match: {direction: egress}\n  action: pace\n  horizon: 100\n",
+			[]string{`limits[0].horizon: expected a duration such as "100ms", got 100`}},
+		{"horizon not a duration", "limits:\n- name: a\n  rate: 1\n  match: {direction: egress}\n  action: pace\n  horizon: 100 ms\n",
+			[]string{`limits[0].horizon: "100 ms" is not a duration: a number and a unit, such as 100ms or 1.5s`}},
+		{"horizon a mapping", "limits:\n- name: a\n  rate: 1\n  match: {}\n  horizon: {ms: 100}\n",
+			[]string{`limits[0].horizon: expected a duration such as "100ms"`}},
 		{"every problem at once", "interfaces: eth0\nfoo: 1\nlimits:\n- name: a\n  rate: x\n",
 			[]string{"interfaces: expected a list", "\nfoo: unknown field", "\nlimits[0].rate: expected a whole number"}},
 	}
@@ -198,6 +221,7 @@ func TestDefault(t *testing.T) {
 		{Name: "b", RateLimitSpec: RateLimitSpec{Rate: 1000, Key: KeySrcPrefix, PrefixLength: &PrefixLength{IPv6: 48}}},
 		{Name: "c", RateLimitSpec: RateLimitSpec{Rate: 1000, Unit: UnitBytes, Burst: ptr(uint64(7)), Key: KeySrcIP,
 			Scope: ScopeNodes, Action: ActionShadow, Match: Match{Direction: DirectionEgress, Protocol: ProtocolTCP}}},
+		{Name: "d", RateLimitSpec: RateLimitSpec{Rate: 10, Action: ActionPace, Match: Match{Direction: DirectionEgress}}},
 	}}
 	c.Default()
 	want := &Config{
@@ -218,6 +242,10 @@ func TestDefault(t *testing.T) {
 			// Every field set: nothing changes.
 			{Name: "c", RateLimitSpec: RateLimitSpec{Rate: 1000, Unit: UnitBytes, Burst: ptr(uint64(7)), Key: KeySrcIP,
 				Scope: ScopeNodes, Action: ActionShadow, Attach: AttachUplink, Match: Match{Direction: DirectionEgress, Protocol: ProtocolTCP}}},
+			// Pace: the horizon's default.
+			{Name: "d", RateLimitSpec: RateLimitSpec{Rate: 10, Unit: UnitPackets, Key: KeyNone, Scope: ScopeStatic, Action: ActionPace,
+				Horizon: &metav1.Duration{Duration: 100 * time.Millisecond}, Attach: AttachUplink,
+				Match: Match{Direction: DirectionEgress, Protocol: ProtocolAny}}},
 		},
 	}
 	if !reflect.DeepEqual(c, want) {

@@ -1,5 +1,11 @@
 package v1alpha1
 
+import (
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
 // Defaults and bounds. They are the values the field comments and
 // docs/config.md state.
 const (
@@ -31,6 +37,13 @@ const (
 
 	DefaultPrefixLengthIPv4 = 24
 	DefaultPrefixLengthIPv6 = 64
+
+	// DefaultHorizon, MinHorizon and MaxHorizon bound how long a paced
+	// packet may wait. MaxHorizon is the data path's RL_MAX_HORIZON_NS
+	// (maps.MaxHorizon; a test checks they agree).
+	DefaultHorizon = 100 * time.Millisecond
+	MinHorizon     = time.Millisecond
+	MaxHorizon     = 4 * time.Second
 )
 
 // Default applies every default of the file: its own and each limit's.
@@ -104,6 +117,9 @@ func (s *RateLimitSpec) Default() {
 	}
 	if s.Action == "" {
 		s.Action = ActionDrop
+	}
+	if s.Action == ActionPace && s.Horizon == nil {
+		s.Horizon = &metav1.Duration{Duration: DefaultHorizon}
 	}
 	if s.Attach == "" {
 		s.Attach = AttachUplink

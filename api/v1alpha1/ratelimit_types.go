@@ -43,6 +43,12 @@ const (
 	// endpoint has no interface of its own (a hostNetwork pod); the
 	// message names it. As severe as Clamped: the first reported stays.
 	ReasonEnforcedAtUplink = "EnforcedAtUplink"
+	// ReasonPaceIneffective (True): a paced limit is enforced, but a
+	// node's uplink does not hold its packets to their departure times
+	// (its qdisc is not fq): they leave at once, and only the horizon
+	// drops. The message names the interface and what it has instead. As
+	// severe as Clamped.
+	ReasonPaceIneffective = "PaceIneffective"
 	// ReasonValid (True): the spec passed the agent's validation, and the
 	// agents that apply it apply it as written.
 	ReasonValid = "Valid"

@@ -1,5 +1,7 @@
 package v1alpha1
 
+import metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 // Config is the agent's config file (rlagent run --config FILE).
 type Config struct {
 	// Interfaces are the network interfaces the XDP program attaches to.
@@ -70,6 +72,20 @@ type Config struct {
 	// interface's TC ingress hook, which every packet a pod sends passes.
 	// (Optional) host | pod; default host.
 	EndpointHook EndpointHook `json:"endpointHook,omitempty"`
+
+	// ManageQdisc lets the agent put the fq qdisc on the uplinks that a
+	// paced limit leaves through: a departure time does nothing without fq
+	// (Debian's default is fq_codel, a veth's noqueue). true: where an
+	// uplink's root qdisc is a kernel default (noqueue, pfifo_fast,
+	// fq_codel, mq with such children), the agent replaces it with fq (each
+	// of mq's children), with a horizon above the limits' and a flow limit
+	// that holds a horizon of the share, and deletes it again (the kernel's
+	// default comes back) on cleanup and when no paced limit is left; a
+	// qdisc an operator configured (htb, tbf, ...) is left alone. false:
+	// the agent only checks, and reports PaceIneffective where fq is
+	// missing.
+	// (Optional) Default false.
+	ManageQdisc bool `json:"manageQdisc,omitempty"`
 }
 
 // EndpointHook is where traffic into an endpoint is enforced.
@@ -123,6 +139,8 @@ type Limit struct {
 // +kubebuilder:validation:XValidation:rule="self.scope != 'service' || has(self.match.service)",message="scope service requires match.service: the namespace/name of a Service",fieldPath=".match.service",reason=FieldValueRequired
 // +kubebuilder:validation:XValidation:rule="!has(self.match.service) || self.scope == 'service'",message="match.service is only allowed with scope service",fieldPath=".match.service"
 // +kubebuilder:validation:XValidation:rule="!has(self.action) || self.action != 'pace' || (has(self.match.direction) && self.match.direction == 'egress')",message="action pace needs match.direction egress: pacing delays egress packets; ingress packets cannot be delayed",fieldPath=".action"
+// +kubebuilder:validation:XValidation:rule="!has(self.action) || self.action != 'pace' || (has(self.attach) ? self.attach == 'uplink' : self.scope != 'service')",message="action pace needs attach uplink: the departure time is kept by the uplink's fq qdisc",fieldPath=".attach"
+// +kubebuilder:validation:XValidation:rule="!has(self.horizon) || (has(self.action) && self.action == 'pace')",message="horizon is only allowed with action pace",fieldPath=".horizon"
 // +kubebuilder:validation:XValidation:rule="!has(self.prefixLength) || (has(self.key) && (self.key == 'src-prefix' || self.key == 'dst-prefix'))",message="prefixLength is only allowed with key src-prefix or dst-prefix",fieldPath=".prefixLength"
 // +kubebuilder:validation:XValidation:rule="!has(self.attach) || self.attach != 'endpoints' || has(self.match.service) || ((has(self.match.direction) && self.match.direction == 'egress') ? (has(self.match.srcCIDRs) && size(self.match.srcCIDRs) > 0) : (has(self.match.dstCIDRs) && size(self.match.dstCIDRs) > 0))",message="attach endpoints without match.service takes the endpoint addresses from match.dstCIDRs (ingress) or match.srcCIDRs (egress): list them",fieldPath=".attach"
 // +kubebuilder:validation:XValidation:rule="!has(self.unit) || self.unit != 'connections' || !has(self.match.protocol) || self.match.protocol == 'tcp' || self.match.protocol == 'any'",message="unit connections counts TCP SYNs: it needs protocol tcp or any",fieldPath=".unit"
@@ -188,12 +206,25 @@ type RateLimitSpec struct {
 	// +kubebuilder:validation:Required
 	Scope Scope `json:"scope,omitempty"`
 
-	// Action is what happens to a packet whose bucket is empty.
-	// (Optional) drop | shadow | pace; default drop. pace is for egress only
-	// and not supported yet.
+	// Action is what happens to a packet whose bucket is empty. drop drops
+	// it; shadow counts it as would-drop and passes it; pace delays it: the
+	// packet gets an earliest departure time (EDT) at which its tokens will
+	// have accrued, and the uplink's fq qdisc holds it until then (without
+	// fq the time does nothing: see manageQdisc).
+	// (Optional) drop | shadow | pace; default drop. pace only with
+	// match.direction egress and attach uplink.
 	// +kubebuilder:default=drop
 	// +optional
 	Action Action `json:"action,omitempty"`
+
+	// Horizon is how long a paced packet may wait: a packet whose
+	// departure would be later than this from now is dropped (and counted
+	// as a horizon drop), and draws no tokens.
+	// (Optional) Only with action pace; 1ms..4s; default 100ms.
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Format=duration
+	// +optional
+	Horizon *metav1.Duration `json:"horizon,omitempty"`
 
 	// Attach is where the limit is enforced. uplink: on the node's
 	// interfaces (the config's interfaces; XDP for ingress, TC for egress),

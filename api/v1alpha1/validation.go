@@ -207,13 +207,17 @@ func (s *RateLimitSpec) validate(path string, standalone bool) []error {
 	}
 	switch s.Action {
 	case ActionDrop, ActionShadow:
+		if s.Horizon != nil {
+			el.add(field(path, "horizon"), "only with action pace (action is %q)", s.Action)
+		}
 	case ActionPace:
-		// The direction rule comes first: for pace on ingress it is the
-		// more precise message.
 		if m.Direction != DirectionEgress {
 			el.add(field(path, "action"), "pace needs match.direction egress: pacing delays egress packets with EDT timestamps; ingress packets cannot be delayed")
-		} else {
-			el.add(field(path, "action"), "%q is not supported yet: pacing (EDT) is planned", s.Action)
+		} else if s.Attach != AttachUplink {
+			el.add(field(path, "action"), "pace needs attach uplink (attach is %q): the departure time is kept by the uplink's fq qdisc", s.Attach)
+		}
+		if h := s.Horizon; h != nil && (h.Duration < MinHorizon || h.Duration > MaxHorizon) {
+			el.add(field(path, "horizon"), "%v is not in %v..%v", h.Duration, MinHorizon, MaxHorizon)
 		}
 	default:
 		el.add(field(path, "action"), "%s", notOneOf(s.Action, Actions))

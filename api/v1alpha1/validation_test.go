@@ -4,6 +4,9 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 func ptr[T any](v T) *T { return &v }
@@ -198,10 +201,25 @@ func TestValidateRules(t *testing.T) {
 			"limits[0].action", []string{`"reject" is not one of drop, shadow, pace`}},
 		{"pace on ingress", func(c *Config) { limit(c, 0).Action = ActionPace },
 			"limits[0].action", []string{"pace needs match.direction egress", "EDT timestamps", "ingress packets cannot be delayed"}},
-		{"pace on egress", func(c *Config) {
+		{"pace at the endpoints", func(c *Config) {
 			limit(c, 0).Action = ActionPace
 			limit(c, 0).Match.Direction = DirectionEgress
-		}, "limits[0].action", []string{`"pace" is not supported yet`}},
+			limit(c, 0).Attach = AttachEndpoints
+			limit(c, 0).Match.SrcCIDRs = []string{"10.0.0.0/24"}
+		}, "limits[0].action", []string{"pace needs attach uplink", `"endpoints"`, "fq"}},
+		{"pace horizon too short", func(c *Config) {
+			limit(c, 0).Action = ActionPace
+			limit(c, 0).Match.Direction = DirectionEgress
+			limit(c, 0).Horizon = &metav1.Duration{Duration: time.Microsecond}
+		}, "limits[0].horizon", []string{"1µs is not in 1ms..4s"}},
+		{"pace horizon too long", func(c *Config) {
+			limit(c, 0).Action = ActionPace
+			limit(c, 0).Match.Direction = DirectionEgress
+			limit(c, 0).Horizon = &metav1.Duration{Duration: 5 * time.Second}
+		}, "limits[0].horizon", []string{"5s is not in 1ms..4s"}},
+		{"horizon without pace", func(c *Config) {
+			limit(c, 0).Horizon = &metav1.Duration{Duration: time.Second}
+		}, "limits[0].horizon", []string{`only with action pace (action is "drop")`}},
 
 		// Attach.
 		{"attach unknown", func(c *Config) { limit(c, 0).Attach = "pod" },
@@ -279,6 +297,17 @@ func TestValidateAccepts(t *testing.T) {
 		{"attach endpoints egress", func(c *Config) {
 			c.Limits[1].Attach = AttachEndpoints
 			c.Limits[1].Match.Direction = DirectionEgress
+		}},
+		{"pace", func(c *Config) {
+			c.Limits[0].Action = ActionPace
+			c.Limits[0].Match.Direction = DirectionEgress
+		}},
+		{"pace horizon bounds", func(c *Config) {
+			c.ManageQdisc = true
+			c.Limits[0].Action, c.Limits[1].Action = ActionPace, ActionPace
+			c.Limits[0].Match.Direction, c.Limits[1].Match.Direction = DirectionEgress, DirectionEgress
+			c.Limits[0].Horizon = &metav1.Duration{Duration: MinHorizon}
+			c.Limits[1].Horizon = &metav1.Duration{Duration: MaxHorizon}
 		}},
 		{"xdp fallback tc", func(c *Config) { c.XDPFallback = XDPFallbackTC }},
 		{"endpoint hook pod", func(c *Config) { c.EndpointHook = EndpointHookPod }},

@@ -117,6 +117,36 @@ static __always_inline enum rl_lease_result rl_draw(struct rl_pool *pool, const 
 	return RL_LEASE_CONTENDED;
 }
 
+/* Reserves cost tokens from the pool for a packet that may wait (a paced
+ * limit): the reservation is one compare-and-swap that moves v_empty by cost,
+ * as a draw, but v_empty may run ahead of V(now) by up to horizon_ns of
+ * refill. *wait is how long until the reserved tokens accrue: 0 while the
+ * pool holds them (the burst), then cost / rate more for each packet. A
+ * packet whose wait would exceed horizon_ns reserves nothing
+ * (RL_LEASE_SHORT). The wait is computed from the v_empty the swap replaced,
+ * so it is the one the reservation got, whatever other CPUs did. */
+static __always_inline enum rl_lease_result rl_reserve(struct rl_pool *pool, const struct rl_params *p,
+						       __u64 cost, __u64 now, __u64 horizon_ns,
+						       __u64 *wait)
+{
+	__u64 v = rl_vclock(p, now);
+	__u64 floor = v > p->burst ? v - p->burst : 0;
+
+	for (int i = 0; i < RL_CAS_TRIES; i++) {
+		__u64 old = READ_ONCE_U64(pool->v_empty);
+		__u64 next = rl_max(old, floor) + cost;
+		__u64 w = next > v ? rl_accrual_ns(p, next - v) : 0;
+
+		if (w > horizon_ns)
+			return RL_LEASE_SHORT;
+		if (__sync_val_compare_and_swap(&pool->v_empty, old, next) == old) {
+			*wait = w;
+			return RL_LEASE_OK;
+		}
+	}
+	return RL_LEASE_CONTENDED;
+}
+
 /* Hands tokens a CPU holds back to the pool (a cache slot taken over by
  * another key). Best effort: on contention the tokens are forfeited, which
  * can only make the bucket stricter. */

@@ -41,6 +41,17 @@ static __always_inline __u64 rl_clock_read(void)
 	}
 }
 
+/* The clock of paced limits: departure times are on fq's time base,
+ * CLOCK_MONOTONIC in ns, which jiffies are not (another epoch). Read only on
+ * the paced path. Paced limits keep their virtual clock on this time line
+ * (rl_params.base_ns), the others on rl_clock_read's. */
+static __always_inline __u64 rl_pace_clock_read(void)
+{
+	if (rl_clock_src == RL_CLOCK_TEST)
+		return rl_test_now.now;
+	return bpf_ktime_get_ns();
+}
+
 /* The clock read lazily: at most once per packet, and only by a path that
  * needs it. *now == 0 means not read yet. */
 static __always_inline __u64 rl_now(__u64 *now)

@@ -29,12 +29,17 @@ enum rl_const {
 	RL_MAX_BURST_SECONDS = 3600, /* burst / rate; idem */
 	RL_MAX_PROTECT = 32,	/* protect rules: one bit each in a __u32 */
 	RL_PROTECT_SIDE = 2 * 65536, /* rl_protect_ports: local ports, then remote ports */
+	RL_MAX_HORIZON_NS = 4000000000U, /* a paced limit's horizon: at most 4 s (fits rl_limit.horizon_ns) */
 };
 
 /* What happens to a packet that finds its bucket empty. */
 enum rl_action {
 	RL_ACTION_DROP = 0,	/* drop it (XDP_DROP) */
 	RL_ACTION_SHADOW = 1,	/* count it as would-drop and pass it; it draws no tokens */
+	/* Give it an earliest departure time (skb->tstamp) at which its tokens
+	 * will have accrued, for fq to hold it until then; drop it if that is
+	 * more than the limit's horizon ahead. TC egress only. */
+	RL_ACTION_PACE = 2,
 };
 
 /* What one token is worth. */
@@ -153,7 +158,9 @@ struct rl_limit {
 	__u8 key_kind;	/* enum rl_key_kind */
 	__u8 action;	/* enum rl_action */
 	__u8 pad0;
-	__u32 pad1;
+	/* RL_ACTION_PACE: a packet that would leave later than this many ns
+	 * from now is dropped (<= RL_MAX_HORIZON_NS). */
+	__u32 horizon_ns;
 	__u32 prefix4;	/* RL_KEY_SRC_PREFIX, RL_KEY_DST_PREFIX: IPv4 netmask, network byte order */
 	__u32 prefix6[4]; /* RL_KEY_SRC_PREFIX, RL_KEY_DST_PREFIX: IPv6 netmask, network byte order */
 	struct rl_params params[2];
@@ -242,6 +249,19 @@ struct rl_stats {
 	__u64 shadow_bytes;
 	__u64 new_keys;		/* keys that got a bucket for the first time */
 	__u64 returned_keys;	/* keys that came back after their bucket was evicted */
+};
+
+/* Per-limit counters of a paced limit (RL_ACTION_PACE), per CPU: admitted
+ * packets given a later departure, the delay they got in all (ns, per
+ * segment) and at most (user space takes the largest of the CPUs' maxima),
+ * and packets dropped because their departure was beyond the horizon (also
+ * in rl_stats.dropped_packets). Apart from rl_stats so that the layout of
+ * rl_percpu, which every limit touches, stays as it was. */
+struct rl_pace_stats {
+	__u64 paced_packets;
+	__u64 paced_delay_ns;
+	__u64 paced_delay_max_ns;
+	__u64 horizon_drops;
 };
 
 /* Per-limit, per-CPU state: counters, and the token cache of a key-less limit. */

@@ -99,6 +99,16 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } rl_percpu SEC(".maps");
 
+/* limit id -> struct rl_pace_stats. PERCPU: updated on the paced path
+ * only, on the CPU that decided the packet. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, RL_MAX_LIMITS);
+	__type(key, __u32);
+	__type(value, struct rl_pace_stats);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} rl_pace SEC(".maps");
+
 /* limit id -> shared pool of a key-less limit. ARRAY: inlined lookup; the
  * value is changed only by compare-and-swap on the lease path. */
 struct {

@@ -49,5 +49,17 @@ func printAgentStatus(w io.Writer, pinDir string) error {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", name, dash(s.Hook), dash(s.Program), s.State, dash(s.Mode),
 			since, s.Error)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	// Where paced limits leave: does the qdisc hold their packets?
+	for _, s := range st.Interfaces {
+		switch {
+		case s.PaceIneffective != "":
+			fmt.Fprintf(w, "%s: pace ineffective: %s\n", s.Name, s.PaceIneffective)
+		case s.Qdisc != "":
+			fmt.Fprintf(w, "%s: paced limits held to their departure times by %s\n", s.Name, s.Qdisc)
+		}
+	}
+	return nil
 }

@@ -6,8 +6,10 @@ import (
 	"slices"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
 
@@ -59,6 +61,7 @@ func newLimitsSetCmd(config *string, kube *kubeFlags) *cobra.Command {
 		proto    string
 		dryRun   bool
 		attachTo string
+		horizon  time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "set NAME",
@@ -70,7 +73,10 @@ rate / replicas.`,
   rlagent limits set dns --rate 20000 --protocol udp --dst-ports 53
   # 1 MB/s per source /24, from two networks, in shadow mode first
   rlagent limits set per-source --rate 1000000 --unit bytes --key src-prefix --prefix-v4 24 \
-      --src-cidrs 10.0.0.0/8,192.168.0.0/16 --action shadow`,
+      --src-cidrs 10.0.0.0/8,192.168.0.0/16 --action shadow
+  # 100 Mbit/s of backups leaving the uplinks, paced (delayed, not dropped) for up to 200 ms
+  rlagent limits set backup --rate 12500000 --unit bytes --burst 1000000 --direction egress \
+      --protocol tcp --dst-cidrs 10.20.0.0/16 --action pace --horizon 200ms`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			spec.Unit = v1alpha1.Unit(unit)
@@ -85,6 +91,9 @@ rate / replicas.`,
 			}
 			if cmd.Flags().Changed("prefix-v4") || cmd.Flags().Changed("prefix-v6") {
 				spec.PrefixLength = &v1alpha1.PrefixLength{IPv4: prefix4, IPv6: prefix6}
+			}
+			if cmd.Flags().Changed("horizon") {
+				spec.Horizon = &metav1.Duration{Duration: horizon}
 			}
 			if rc, err := kube.config(); err != nil {
 				return err
@@ -124,7 +133,8 @@ rate / replicas.`,
 	f.Uint8Var(&prefix4, "prefix-v4", 0, "with --key src-prefix or dst-prefix: IPv4 prefix length (default 24)")
 	f.Uint8Var(&prefix6, "prefix-v6", 0, "with --key src-prefix or dst-prefix: IPv6 prefix length (default 64)")
 	f.StringVar(&attachTo, "attach", "", "where the limit is enforced: uplink (the config's interfaces), endpoints (each local endpoint's interface; the endpoints are the --dst-cidrs of an ingress limit, the --src-cidrs of an egress one, or the Service's); default endpoints with --scope service, else uplink")
-	f.StringVar(&action, "action", "drop", "over the limit: drop, shadow (count and pass)")
+	f.StringVar(&action, "action", "drop", "over the limit: drop, shadow (count and pass), pace (delay until the tokens accrue; --direction egress at the uplinks only, and the uplinks need the fq qdisc: see the config's manageQdisc)")
+	f.DurationVar(&horizon, "horizon", 0, "with --action pace: the longest a packet may wait, 1ms..4s; beyond it the packet is dropped (default 100ms)")
 	f.StringVar(&scope, "scope", "", "how the rate is divided: static (by the config's count; the default in a file); in a cluster also nodes (by the ready agents), service (by the Service's ready endpoints, --service)")
 	f.StringVar(&spec.Match.Service, "service", "", "with --scope service: the Service, namespace/name")
 	f.StringVar(&dir, "direction", "ingress", "match: ingress, egress")

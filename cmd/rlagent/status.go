@@ -125,11 +125,25 @@ func printStatus(w io.Writer, st []agent.LimitStatus, output string) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	// Why a limit is clamped or not applied, under the table.
+	// Why a limit is clamped or not applied, under the table; what the
+	// paced limits delayed.
 	for _, s := range st {
 		if s.Note != "" {
 			fmt.Fprintf(w, "%s %s: %s\n", s.Name, s.State, s.Note)
 		}
+	}
+	for _, s := range st {
+		if s.Action != maps.Pace.String() {
+			continue
+		}
+		t := s.Totals
+		mean := time.Duration(0)
+		if t.PacedPackets > 0 {
+			mean = time.Duration(t.PacedDelayNs / t.PacedPackets)
+		}
+		fmt.Fprintf(w, "%s paced: %d packets delayed, by %v on average and %v at most; %d dropped beyond the horizon\n",
+			s.Name, t.PacedPackets, mean.Round(time.Microsecond), time.Duration(t.PacedDelayMaxNs).Round(time.Microsecond),
+			t.HorizonDrops)
 	}
 	return nil
 }

@@ -59,6 +59,14 @@ func TestSchemaRejectsInvalid(t *testing.T) {
 			[]string{`spec.match.service: Invalid value: "checkout"`, "should match"}},
 		{"pace-ingress", map[string]any{"rate": 10, "scope": "nodes", "action": "pace", "match": udp},
 			[]string{"spec.action", "action pace needs match.direction egress"}},
+		{"pace-at-endpoints", map[string]any{"rate": 10, "scope": "service", "action": "pace",
+			"match": map[string]any{"direction": "egress", "service": "shop/checkout"}},
+			[]string{"spec.attach", "action pace needs attach uplink"}},
+		{"horizon-without-pace", map[string]any{"rate": 10, "scope": "nodes", "horizon": "100ms", "match": udp},
+			[]string{"spec.horizon", "horizon is only allowed with action pace"}},
+		{"horizon-not-a-duration", map[string]any{"rate": 10, "scope": "nodes", "action": "pace", "horizon": "soon",
+			"match": map[string]any{"direction": "egress"}},
+			[]string{"spec.horizon"}},
 		{"burst-zero", map[string]any{"rate": 10, "burst": 0, "scope": "nodes", "match": udp},
 			[]string{"spec.burst: Invalid value: 0", "should be greater than or equal to 1"}},
 		{"name.with.dots", map[string]any{"rate": 10, "scope": "nodes", "match": udp},
@@ -147,9 +155,9 @@ func dryRunError(t *testing.T, env *k8stest.Env, name string, args []string) str
 }
 
 // TestAgentValidationAndDelete: a RateLimit that passes the schema but not
-// the agents' own validation (a unit or a direction the data path does not
-// support yet) gets the condition Accepted=False with the agents' message,
-// and no agent enforces it; a valid one gets Accepted=True and the count in
+// the agents' own validation (a horizon beyond the data path's bounds, which
+// the schema does not check) gets the condition Accepted=False with the
+// agents' message, and no agent enforces it; a valid one gets Accepted=True and the count in
 // status.replicas. Deleting a RateLimit removes its map entries from every
 // agent, and only its own.
 func TestAgentValidationAndDelete(t *testing.T) {
@@ -203,10 +211,12 @@ func TestAgentValidationAndDelete(t *testing.T) {
 		patch func(map[string]any)
 		msg   string
 	}{
-		{"pace-egress", func(s map[string]any) {
+		{"pace-horizon-10s", func(s map[string]any) {
 			s["action"] = "pace"
+			s["attach"] = "uplink"
+			s["horizon"] = "10s"
 			s["match"].(map[string]any)["direction"] = "egress"
-		}, `spec.action: "pace" is not supported yet`},
+		}, `spec.horizon: 10s is not in 1ms..4s`},
 	} {
 		spec := c.serviceSpec(globalRate)
 		tc.patch(spec)
