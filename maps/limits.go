@@ -354,10 +354,10 @@ func (d *Datapath) load() error {
 		}
 		p := e.Params[e.Active&1]
 		l := Limit{
-			Rate:   p.Rate,
-			Burst:  p.Burst,
-			Unit:   Unit(e.Unit),
-			Key:    KeyKind(e.KeyKind),
+			Rate:    p.Rate,
+			Burst:   p.Burst,
+			Unit:    Unit(e.Unit),
+			Key:     KeyKind(e.KeyKind),
 			Action:  Action(e.Action),
 			Horizon: time.Duration(e.HorizonNs),
 			Match:   cls.matchOf(id),
