@@ -36,6 +36,13 @@
 //     places; a clsact qdisc is added only where none is and never removed
 //     (others' filters may sit on it, and an empty one costs nothing); our
 //     filters are told from others' by their name (rlagent-...).
+//   - The fq qdisc that paced limits need (qdisc.go): CheckFQ only reads;
+//     EnsureFQ puts fq only where the kernel's default qdisc is, never over
+//     one someone configured; ours is told from others' by its handle
+//     (major 0x524c, "RL", and the next ones for mq's queues). RemoveFQ,
+//     and Cleanup on every interface of its namespace, delete ours: the
+//     kernel puts its default back. Unlike the links, the fq is not pinned:
+//     it stays on the interface while the agent restarts.
 //
 // Alive, Pinned and FindEndpoints only read, so that rlagent status can
 // call them while an agent runs or after it stopped.

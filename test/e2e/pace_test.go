@@ -152,9 +152,9 @@ func testPaceFlood(t *testing.T, v6 bool) {
 }
 
 // TestPaceTCPWithoutCollapse: a TCP transfer from a pod through a paced
-// bytes limit reaches the share within 5%, its segments delayed rather
-// than lost; through the same limit with action drop, TCP loses segments
-// (it retransmits more) and its goodput is what its congestion control
+// bytes limit reaches the share within 5% (wire bytes, the limit's unit),
+// its segments delayed rather than dropped but at the horizon; through the
+// same limit with action drop, its goodput is what its congestion control
 // makes of the losses. Both are measured in this test and reported.
 func TestPaceTCPWithoutCollapse(t *testing.T) {
 	r := newRig(t, nettest.TopologyConfig{Uplink: true, RoutedPods: []string{"src"}})
@@ -174,7 +174,7 @@ func TestPaceTCPWithoutCollapse(t *testing.T) {
 	}
 	t.Cleanup(func() { sink.Close() })
 
-	goodput, retrans := map[string]float64{}, map[string]uint64{}
+	goodput, wire, retrans := map[string]float64{}, map[string]float64{}, map[string]uint64{}
 	for i, action := range []string{"pace", "drop"} {
 		limit := pacedLimit("tcp", action, "bytes", "tcp", global, extra+map[string]string{"pace": "    horizon: 500ms\n"}[action])
 		if i == 0 {
@@ -200,21 +200,31 @@ func TestPaceTCPWithoutCollapse(t *testing.T) {
 		}
 		from := bulk.Sent().Start().Add(settle)
 		to := from.Add(rigWindow)
-		sleepUntil(to.Add(late))
+		c0, c1 := r.window(from, to, late)
 		bulk.Stop()
+		wire[action] = counterRate(t, c0, c1, "tcp", admittedBytes)
 		goodput[action] = sink.Received().Rate(from, to)
 		retrans[action] = tcpCounter(t, src.NS, "RetransSegs") - retrans0
-		t.Logf("%s: the sink received %.0f B/s (share %.0f, %+.1f%%), %d bytes in all, with %d TCP retransmissions",
-			action, goodput[action], share, pct(goodput[action], share), sink.Received().Total()-got0, retrans[action])
+		t.Logf("%s: the limit admitted %.0f wire B/s (share %.0f, %+.1f%%); the sink received %.0f B/s of payload (%.1f%% of the share), %d bytes in all, with %d TCP retransmissions",
+			action, wire[action], share, pct(wire[action], share), goodput[action], 100*goodput[action]/share,
+			sink.Received().Total()-got0, retrans[action])
 	}
-	checkNear(t, "TCP through the paced limit: received", goodput["pace"], share, rigTol, "B/s")
-	t.Logf("TCP through the same limit with action drop: %.0f B/s, %.0f%% of the paced transfer's, with %d retransmissions against %d",
+	// The share is of wire bytes: what the paced limit let onto the wire
+	// is the share. The sink's goodput is less by the headers (66 of each
+	// 1514-byte frame, 4.4%) and the retransmissions of what the horizon
+	// dropped (TCP fills any queue, this one 500 ms deep, until a drop).
+	checkNear(t, "TCP through the paced limit: admitted (status)", wire["pace"], share, rigTol, "wire B/s")
+	if goodput["pace"] < 0.85*share {
+		t.Errorf("TCP through the paced limit delivered %.0f B/s of payload, below 85%% of the share %.0f", goodput["pace"], share)
+	}
+	t.Logf("TCP through the same limit with action drop: %.0f B/s of payload, %.0f%% of the paced transfer's, with %d retransmissions against %d",
 		goodput["drop"], 100*goodput["drop"]/goodput["pace"], retrans["drop"], retrans["pace"])
-	// What the drop limit costs TCP is loss: it drops segments that the
-	// paced limit delays.
-	if retrans["drop"] <= retrans["pace"] {
-		t.Errorf("TCP retransmitted %d segments through the drop limit and %d through the paced one: want the drop limit's losses",
-			retrans["drop"], retrans["pace"])
+	// Pacing is never worse for TCP than dropping (beyond the noise of a
+	// busy machine); how much better depends on the kernel's TCP (57% for
+	// dropping on 6.12 in make vmtest, 97% on 6.1).
+	if goodput["pace"] < 0.95*goodput["drop"] {
+		t.Errorf("TCP delivered %.0f B/s through the paced limit and %.0f through the drop limit: want pacing no worse",
+			goodput["pace"], goodput["drop"])
 	}
 }
 
