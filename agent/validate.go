@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/rlagent/rlagent/api/v1alpha1"
 	"github.com/rlagent/rlagent/maps"
@@ -432,11 +433,24 @@ const gsoPacket = 64<<10 + 256
 // or at the endpoints) whose burst is below one GSO packet: such a packet
 // costs its wire bytes at once, and a bucket that can never hold that many
 // drops it every time (TCP then falls back to smaller packets only after
-// losses).
+// losses). A paced limit waits for the bytes instead, but drops a packet
+// whose wait would pass the horizon: it is warned of when a GSO packet
+// beyond its burst waits longer than the horizon even on one replica (with
+// N replicas each node's share is 1/N: N times as long).
 func gsoBurstWarning(s *v1alpha1.RateLimitSpec) string {
 	d := s.DeepCopy()
 	d.Default()
 	if d.Unit != v1alpha1.UnitBytes || (d.Match.Direction != v1alpha1.DirectionEgress && d.Attach != v1alpha1.AttachEndpoints) {
+		return ""
+	}
+	if d.Action == v1alpha1.ActionPace {
+		b := d.EffectiveBurst()
+		wait := time.Duration(float64(gsoPacket-min(b, gsoPacket)) / float64(d.Rate) * float64(time.Second))
+		if d.Horizon != nil && wait > d.Horizon.Duration {
+			return fmt.Sprintf("action pace, unit bytes: a GSO packet of %d bytes beyond the burst of %d waits %v at rate %d even on one replica "+
+				"(N times as long with N replicas), more than the horizon %v, and is dropped: raise the rate, the burst or the horizon",
+				gsoPacket, b, wait.Round(time.Millisecond), d.Rate, d.Horizon.Duration)
+		}
 		return ""
 	}
 	if b := d.EffectiveBurst(); b < gsoPacket {

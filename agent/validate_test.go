@@ -324,6 +324,10 @@ func TestGSOBurstWarning(t *testing.T) {
 		{"{rate: 100000, unit: bytes, burst: 200000, match: {direction: egress}}", false},
 		{"{rate: 100000, unit: bytes}", false},
 		{"{rate: 100000, match: {direction: egress}}", false},
+		// Paced: 64 KiB beyond a 10 KB burst at 100 KB/s waits ~560 ms.
+		{"{rate: 100000, unit: bytes, action: pace, match: {direction: egress}}", true},
+		{"{rate: 100000, unit: bytes, action: pace, horizon: 1s, match: {direction: egress}}", false},
+		{"{rate: 1000000, unit: bytes, action: pace, match: {direction: egress}}", false},
 	} {
 		c, err := v1alpha1.ParseConfig([]byte("interfaces: [eth0]\nlimits:\n- {name: x, " + strings.TrimPrefix(tt.spec, "{") + "\n"))
 		if err != nil {
