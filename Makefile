@@ -130,12 +130,12 @@ demo: ## as root: rate-limit real UDP between two network namespaces while the r
 # (test/vmtests). The binaries are static: the VM's initramfs has no libc.
 #: KERNELS="6.1 6.12"  kernel series for `make vmtest`: the oldest supported and the newest available (5.10 also boots; the data path fails there)
 #: VMTEST_RATE=800     RLAGENT_E2E_GLOBAL_RATE in the VMs (pkt/s, a multiple of 40; 8000 on the host)
-#: VMTEST_TESTFLAGS=-test.v -test.timeout=8m  flags for every suite in the VMs, e.g. add -test.run TestX
+#: VMTEST_TESTFLAGS=-test.v -test.short -test.timeout=20m  flags for every suite in the VMs, e.g. add -test.run TestX
 KERNELS ?= 6.1 6.12
 VMTEST_RATE ?= 800
 # -test.short: bpf/ shares one loaded data path among its tests (the verifier
 # takes seconds a program under software emulation).
-VMTEST_TESTFLAGS ?= -test.v -test.short -test.timeout=14m
+VMTEST_TESTFLAGS ?= -test.v -test.short -test.timeout=20m
 # veth for the pairs; sch_ingress (clsact) and cls_bpf for TC programs on
 # kernels without tcx (before 6.6), where Debian builds them as modules.
 VMTEST_MODULES ?= veth sch_ingress cls_bpf sch_fq
@@ -150,7 +150,7 @@ deps-vm: ## install xz-utils (to read the 6.12 kernel's compressed modules) with
 	fi; \
 	apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends xz-utils
 
-vmtest: deps-vm ## as root: bpf/, maps/ and test/e2e/ in a VM per kernel of KERNELS (fetches kernels and qemu; ~12 min a kernel)
+vmtest: deps-vm ## as root: bpf/, maps/ and test/e2e/ in a VM per kernel of KERNELS (fetches kernels and qemu; ~20 min a kernel)
 	@mkdir -p $(VMTEST_BIN)
 	CGO_ENABLED=0 $(GO) test -c -o $(VMTEST_BIN)/bpf.test ./bpf/
 	CGO_ENABLED=0 $(GO) test -c -o $(VMTEST_BIN)/maps.test ./maps/
@@ -158,7 +158,7 @@ vmtest: deps-vm ## as root: bpf/, maps/ and test/e2e/ in a VM per kernel of KERN
 	CGO_ENABLED=0 $(GO) build -ldflags '-X main.version=$(VERSION)' -o $(VMTEST_BIN)/rlagent ./cmd/rlagent
 	CGO_ENABLED=0 $(GO) build -o $(VMTEST_BIN)/vminit ./test/vmtests/cmd/vminit
 	$(GO) build -o $(VMTEST_BIN)/vmtest ./test/vmtests/cmd/vmtest
-	$(VMTEST_BIN)/vmtest $(addprefix -kernel ,$(KERNELS)) -timeout 25m -init $(VMTEST_BIN)/vminit \
+	$(VMTEST_BIN)/vmtest $(addprefix -kernel ,$(KERNELS)) -timeout 32m -init $(VMTEST_BIN)/vminit \
 		$(addprefix -module ,$(VMTEST_MODULES)) \
 		-rlagent $(VMTEST_BIN)/rlagent -env RLAGENT_E2E_GLOBAL_RATE=$(VMTEST_RATE) -env RLAGENT_VMTEST=1 \
 		-suite '$(VMTEST_BIN)/bpf.test $(VMTEST_TESTFLAGS)' \

@@ -58,7 +58,13 @@ func TestAccuracy(t *testing.T) {
 }
 
 func testAccuracy(t *testing.T, pr prog) {
-	const seconds = 10
+	// 10 s of simulated traffic; 2 s with -short (make vmtest: a million
+	// packets a pattern take seconds under emulation). The bounds are in
+	// tokens, whatever the length.
+	seconds := uint64(10)
+	if testing.Short() {
+		seconds = 2
+	}
 	n := ncpu(t)
 	patterns := []struct {
 		name        string

@@ -29,10 +29,10 @@ import (
 // pacePort is the port the paced flows go to.
 const pacePort = 5700
 
-// pacedLimit is a paced egress limit at the uplinks: UDP (or TCP) to
-// pacePort at global rate global (unit packets or bytes), with the
+// pacedLimit is an egress limit at the uplinks with the action given: UDP
+// (or TCP) to port at global rate global (unit packets or bytes), with the
 // settings given (burst:, horizon: lines, indented).
-func pacedLimit(name, action, unit, proto string, global uint64, extra string) string {
+func pacedLimit(name, action, unit, proto string, port uint16, global uint64, extra string) string {
 	return fmt.Sprintf(`  - name: %s
     rate: %d
     unit: %s
@@ -41,7 +41,7 @@ func pacedLimit(name, action, unit, proto string, global uint64, extra string) s
       direction: egress
       protocol: %s
       dstPorts: ["%d"]
-`, name, global, unit, action, extra, proto, pacePort)
+`, name, global, unit, action, extra, proto, port)
 }
 
 // uplinkEgress is the agent's record of the uplink's TC egress hook.
@@ -114,7 +114,7 @@ func testPaceFlood(t *testing.T, v6 bool) {
 	src := r.topo.Pod("src")
 	global := globalRate / 2
 	share := float64(global / rigCount)
-	r.start("manageQdisc: true\n", pacedLimit("paced", "pace", "packets", "udp", global, ""))
+	r.start("manageQdisc: true\n", pacedLimit("paced", "pace", "packets", "udp", pacePort, global, ""))
 	up := r.uplinkEgress()
 	r.requireFQ(up)
 	t.Logf("uplink: %s", up)
@@ -168,15 +168,18 @@ func TestPaceTCPWithoutCollapse(t *testing.T) {
 	global := globalRate * 1250 * rigCount
 	share := float64(global / rigCount)
 	extra := fmt.Sprintf("    burst: %d\n", 70_000*rigCount)
-	sink, err := r.topo.Remote.ListenTCPSink(netip.AddrPortFrom(netip.IPv6Unspecified(), pacePort), nettest.TCPSinkConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { sink.Close() })
-
 	goodput, wire, retrans := map[string]float64{}, map[string]float64{}, map[string]uint64{}
 	for i, action := range []string{"pace", "drop"} {
-		limit := pacedLimit("tcp", action, "bytes", "tcp", global, extra+map[string]string{"pace": "    horizon: 500ms\n"}[action])
+		// Each phase on a port of its own: what is left of the first
+		// transfer (segments in fq, retransmissions) does not drain the
+		// second's bucket.
+		port := pacePort + uint16(i)
+		sink, err := r.topo.Remote.ListenTCPSink(netip.AddrPortFrom(netip.IPv6Unspecified(), port), nettest.TCPSinkConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { sink.Close() })
+		limit := pacedLimit("tcp", action, "bytes", "tcp", port, global, extra+map[string]string{"pace": "    horizon: 500ms\n"}[action])
 		if i == 0 {
 			r.start("manageQdisc: true\n", limit)
 			r.requireFQ(r.uplinkEgress())
@@ -193,7 +196,7 @@ func TestPaceTCPWithoutCollapse(t *testing.T) {
 		retrans0 := tcpCounter(t, src.NS, "RetransSegs")
 		got0 := sink.Received().Total()
 		span := settle + rigWindow
-		bulk, err := src.NS.StartBulk(netip.AddrPortFrom(r.topo.RemoteUp(false), pacePort),
+		bulk, err := src.NS.StartBulk(netip.AddrPortFrom(r.topo.RemoteUp(false), port),
 			nettest.BulkConfig{Bytes: int64(8 * share * span.Seconds()), Duration: span, WriteSize: 64 << 10})
 		if err != nil {
 			t.Fatal(err)
@@ -238,7 +241,7 @@ func TestPaceIneffectiveWithoutFQ(t *testing.T) {
 	src := r.topo.Pod("src")
 	global := globalRate / 2
 	share := float64(global / rigCount)
-	a := r.start("", pacedLimit("paced", "pace", "packets", "udp", global, ""))
+	a := r.start("", pacedLimit("paced", "pace", "packets", "udp", pacePort, global, ""))
 	up := r.uplinkEgress()
 	t.Logf("uplink: %s", up)
 	if !strings.Contains(up.PaceIneffective, "root qdisc is noqueue, not fq") || !strings.Contains(up.PaceIneffective, "manageQdisc: true") {
@@ -266,7 +269,10 @@ func TestPaceIneffectiveWithoutFQ(t *testing.T) {
 	flood.check(t, from, to, share)
 
 	// The departures were computed all the same: status and the metrics
-	// count the paced packets and the horizon's drops.
+	// count the paced packets and the horizon's drops (read once the flood
+	// is over: they are two maps, read one after the other).
+	flood.stop()
+	time.Sleep(100*time.Millisecond + late)
 	st := r.limit("paced").Totals
 	if st.PacedPackets == 0 || st.HorizonDrops == 0 || st.HorizonDrops != st.DroppedPackets {
 		t.Errorf("paced limit counters %+v: want paced packets, and every drop at the horizon", st)
