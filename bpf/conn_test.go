@@ -178,13 +178,13 @@ func TestConnectionsNotTCP(t *testing.T) {
 // connections limit counts attempts per source.
 func TestConnectionsEnforced(t *testing.T) {
 	d := hookDatapath(t)
-	defer pinCPU(t, 0)()
 	syn := pkt{src: src4, dst: dst4, proto: protoTCP, sport: 40000, dport: 443, tcpFlags: tcpSYN}.bytes()
 	ack := pkt{src: src4, dst: dst4, proto: protoTCP, sport: 40000, dport: 443, tcpFlags: tcpACK, payload: 100}.bytes()
 	conns := maps.Limit{Rate: 1, Burst: 3, Unit: maps.Connections, Match: maps.Match{Protocol: maps.TCP}}
 	forEachProg(t, allProgs, func(t *testing.T, pr prog) {
 		for _, action := range []maps.Action{maps.Drop, maps.Shadow} {
 			t.Run(action.String(), func(t *testing.T) {
+				defer pinCPU(t, 0)() // in the subtest's own goroutine
 				l := conns
 				l.Action = action
 				fresh(t, d, 0, pr.at(l))

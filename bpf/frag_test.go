@@ -126,9 +126,9 @@ func TestFragmentedByteLimit(t *testing.T) {
 // fragments, not 10 datagrams' worth (before: 30 first fragments and every
 // later one).
 func TestFragmentedPacketLimit(t *testing.T) {
-	defer pinCPU(t, 0)()
 	d := hookDatapath(t)
 	forEachProg(t, allProgs, func(t *testing.T, pr prog) {
+		defer pinCPU(t, 0)() // in the subtest's own goroutine
 		fresh(t, d, 0, pr.at(maps.Limit{Rate: 1, Burst: 30, Match: maps.Match{Protocol: maps.UDP, DstPorts: ports(5000, 5000)}}))
 		passed, sent := 0, 0
 		for i := range 10 {
