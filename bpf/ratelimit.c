@@ -469,11 +469,11 @@ __noinline int rl_check(const struct pkt *p, struct rl_decision *d, __u32 i)
 	m = &d->m[i];
 	id = m->id;
 	m->slot = RL_NO_WAY;
+	m->wait_ns = 0;	/* before any return: the scratch holds the last packet's */
 	lim = rl_limit_of(id, &lc);
 	if (!lim)
 		return MATCH_FAIL_OPEN;	/* stale classifier bit: not a limit */
 	m->cost = rl_cost(lim, p);
-	m->wait_ns = 0;
 	if (lim->action == RL_ACTION_PACE)
 		return rl_check_pace(p, d, m, lim, lc);
 
