@@ -1,0 +1,253 @@
+// Command image builds and pushes the rlagent container image without a
+// container daemon (`make image`, `make push`).
+//
+// The image is one layer on an empty base: the static rlagent binary at
+// /usr/local/bin/rlagent, its entrypoint. Everything in it is a function of
+// the binary and the flags (file times and the image's creation time are the
+// commit's time), so that the same commit builds the same digest.
+//
+//	image build --binary bin/rlagent --repo ghcr.io/rlagent/rlagent --version v0.1.0 \
+//	    --revision $(git rev-parse HEAD) --created $(git log -1 --format=%ct) --out bin/image
+//	image push --from bin/image/oci --to registry.example.com/rlagent:v0.1.0
+package main
+
+import (
+	"archive/tar"
+	"bytes"
+	"debug/elf"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/authn"
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+)
+
+// Where the binary lives in the image; deploy/daemonset.yaml relies on it
+// being the entrypoint.
+const binaryPath = "usr/local/bin/rlagent"
+
+func main() {
+	if len(os.Args) < 2 {
+		usage()
+	}
+	var err error
+	switch os.Args[1] {
+	case "build":
+		err = build(os.Args[2:])
+	case "push":
+		err = push(os.Args[2:])
+	default:
+		usage()
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "image "+os.Args[1]+":", err)
+		os.Exit(1)
+	}
+}
+
+func usage() {
+	fmt.Fprintln(os.Stderr, `usage: image build --binary FILE --repo REPO --version V [--revision SHA] [--created UNIX] [--arch ARCH] --out DIR
+       image push --from DIR/oci --to REGISTRY/REPO:TAG`)
+	os.Exit(2)
+}
+
+func build(args []string) error {
+	fs := flag.NewFlagSet("build", flag.ExitOnError)
+	binary := fs.String("binary", "", "the static rlagent binary")
+	repo := fs.String("repo", "ghcr.io/rlagent/rlagent", "the image's repository, as deploy/kustomization.yaml names it")
+	version := fs.String("version", "", "the version: the image's tag and its org.opencontainers.image.version")
+	revision := fs.String("revision", "", "the commit (org.opencontainers.image.revision)")
+	created := fs.String("created", "0", "the image's creation time, Unix seconds (the commit's time, for a reproducible digest)")
+	arch := fs.String("arch", "amd64", "the binary's architecture")
+	out := fs.String("out", "", "the output directory: DIR/rlagent.tar (a tarball for `ctr images import`, `docker load`) and DIR/oci (an OCI image layout)")
+	fs.Parse(args)
+	if *binary == "" || *version == "" || *out == "" {
+		return errors.New("--binary, --version and --out are required")
+	}
+	secs, err := strconv.ParseInt(*created, 10, 64)
+	if err != nil {
+		return fmt.Errorf("--created %q: want Unix seconds: %w", *created, err)
+	}
+	when := time.Unix(secs, 0).UTC()
+	tag, err := name.NewTag(*repo + ":" + *version)
+	if err != nil {
+		return fmt.Errorf("--repo %q --version %q: not an image reference: %w", *repo, *version, err)
+	}
+	bin, err := os.ReadFile(*binary)
+	if err != nil {
+		return err
+	}
+	if err := checkStatic(bin); err != nil {
+		return fmt.Errorf("%s: %w", *binary, err)
+	}
+
+	img, err := image(bin, when, *arch, map[string]string{
+		"org.opencontainers.image.title":    "rlagent",
+		"org.opencontainers.image.source":   "https://github.com/rlagent/rlagent",
+		"org.opencontainers.image.version":  *version,
+		"org.opencontainers.image.revision": *revision,
+	})
+	if err != nil {
+		return err
+	}
+
+	// Written beside and renamed into place: a failed build leaves the
+	// previous image whole.
+	if err := os.MkdirAll(*out, 0o755); err != nil {
+		return err
+	}
+	tmp, err := os.MkdirTemp(*out, ".build-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	if err := tarball.WriteToFile(filepath.Join(tmp, "rlagent.tar"), tag, img); err != nil {
+		return err
+	}
+	p, err := layout.Write(filepath.Join(tmp, "oci"), empty.Index)
+	if err != nil {
+		return err
+	}
+	if err := p.AppendImage(img, layout.WithAnnotations(map[string]string{
+		"org.opencontainers.image.ref.name": tag.Name(),
+	})); err != nil {
+		return err
+	}
+	digest, err := img.Digest()
+	if err != nil {
+		return err
+	}
+	ref := tag.Name() + "@" + digest.String()
+	if err := os.WriteFile(filepath.Join(tmp, "ref"), []byte(ref+"\n"), 0o644); err != nil {
+		return err
+	}
+	for _, f := range []string{"rlagent.tar", "oci", "ref"} {
+		if err := os.RemoveAll(filepath.Join(*out, f)); err != nil {
+			return err
+		}
+		if err := os.Rename(filepath.Join(tmp, f), filepath.Join(*out, f)); err != nil {
+			return err
+		}
+	}
+	fmt.Println(ref)
+	return nil
+}
+
+// image is the one-layer image of bin.
+func image(bin []byte, when time.Time, arch string, labels map[string]string) (v1.Image, error) {
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, dir := range []string{"usr/", "usr/local/", "usr/local/bin/"} {
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: dir, Mode: 0o755, ModTime: when, Format: tar.FormatPAX}); err != nil {
+			return nil, err
+		}
+	}
+	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: binaryPath, Mode: 0o755, Size: int64(len(bin)), ModTime: when, Format: tar.FormatPAX}); err != nil {
+		return nil, err
+	}
+	if _, err := tw.Write(bin); err != nil {
+		return nil, err
+	}
+	if err := tw.Close(); err != nil {
+		return nil, err
+	}
+	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
+		return io.NopCloser(bytes.NewReader(buf.Bytes())), nil
+	}, tarball.WithMediaType(types.OCILayer))
+	if err != nil {
+		return nil, err
+	}
+
+	base := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
+	base = mutate.ConfigMediaType(base, types.OCIConfigJSON)
+	cf, err := base.ConfigFile()
+	if err != nil {
+		return nil, err
+	}
+	cf = cf.DeepCopy()
+	cf.Architecture, cf.OS = arch, "linux"
+	cf.Created = v1.Time{Time: when}
+	cf.Config.Entrypoint = []string{"/" + binaryPath}
+	cf.Config.WorkingDir = "/"
+	cf.Config.Labels = labels
+	base, err = mutate.ConfigFile(base, cf)
+	if err != nil {
+		return nil, err
+	}
+	return mutate.Append(base, mutate.Addendum{
+		Layer:     layer,
+		MediaType: types.OCILayer,
+		History:   v1.History{Created: v1.Time{Time: when}, CreatedBy: "make image: " + binaryPath},
+	})
+}
+
+// checkStatic refuses a binary that needs a dynamic loader: the image has
+// no libc.
+func checkStatic(bin []byte) error {
+	f, err := elf.NewFile(bytes.NewReader(bin))
+	if err != nil {
+		return fmt.Errorf("not an ELF binary: %w", err)
+	}
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			return errors.New("dynamically linked (it names an ELF interpreter): build it with CGO_ENABLED=0, the image has no libc")
+		}
+	}
+	return nil
+}
+
+func push(args []string) error {
+	fs := flag.NewFlagSet("push", flag.ExitOnError)
+	from := fs.String("from", "", "the OCI image layout `make image` wrote (bin/image/oci)")
+	to := fs.String("to", "", "where to push: REGISTRY/REPO:TAG (credentials from ~/.docker/config.json, as docker login writes them)")
+	insecure := fs.Bool("insecure", false, "allow a registry over plain HTTP")
+	fs.Parse(args)
+	if *from == "" || *to == "" {
+		return errors.New("--from and --to are required")
+	}
+	var opts []name.Option
+	if *insecure {
+		opts = append(opts, name.Insecure)
+	}
+	ref, err := name.ParseReference(*to, opts...)
+	if err != nil {
+		return fmt.Errorf("--to %q: not an image reference: %w", *to, err)
+	}
+	p, err := layout.FromPath(*from)
+	if err != nil {
+		return fmt.Errorf("--from %s: %w (run make image first)", *from, err)
+	}
+	idx, err := p.ImageIndex()
+	if err != nil {
+		return err
+	}
+	m, err := idx.IndexManifest()
+	if err != nil {
+		return err
+	}
+	if len(m.Manifests) != 1 {
+		return fmt.Errorf("--from %s: want one image in the layout, found %d", *from, len(m.Manifests))
+	}
+	img, err := idx.Image(m.Manifests[0].Digest)
+	if err != nil {
+		return err
+	}
+	if err := remote.Write(ref, img, remote.WithAuthFromKeychain(authn.DefaultKeychain)); err != nil {
+		return err
+	}
+	fmt.Println(ref.Context().Name() + "@" + m.Manifests[0].Digest.String())
+	return nil
+}
