@@ -38,6 +38,9 @@ type Options struct {
 	// Kubernetes, if set, is the cluster: the limits are its RateLimit
 	// objects, and the nodes and service scopes are divided by its counts.
 	Kubernetes *watcher.Kubernetes
+	// Identity is this agent's name in the election of the agent that
+	// writes RateLimit status (its pod's name; default: the host's name).
+	Identity string
 	// APIServer, if set, follows the endpoints of the agent's API server
 	// connection, which protectAPIServer protects (see protect.go).
 	APIServer *watcher.APIServer
@@ -61,6 +64,7 @@ type Agent struct {
 	source  watcher.Source
 	stopSrc context.CancelFunc
 	k8s     *watcher.Kubernetes
+	writer  *watcher.StatusWriter // in a cluster, once statusLoop runs
 	ids     map[string]uint32     // limit name -> id
 	applied map[uint32]maps.Limit // what was last written, by id
 	meta    map[uint32]maps.Meta
@@ -467,11 +471,33 @@ func loadConfig(opts Options) (*v1alpha1.Config, error) {
 	return cfg, nil
 }
 
-// statusLoop writes each RateLimit's status (accepted or why not, and the
-// count) after reconciles, apart from the reconcile loop: an unreachable API
+// statusLoop reports, after reconciles, what became of each RateLimit on
+// this node (watcher.Reporter: an Event when it is not plainly applied), and
+// runs this agent's candidacy for writing every RateLimit's status
+// (watcher.StatusWriter), apart from the reconcile loop: an unreachable API
 // server must not hold up enforcement.
 func (a *Agent) statusLoop(ctx context.Context) {
-	t := time.NewTicker(10 * time.Second)
+	rep := watcher.NewReporter(a.k8s)
+	defer rep.Close()
+	id := a.opts.Identity
+	if id == "" {
+		id, _ = os.Hostname()
+	}
+	w := watcher.NewStatusWriter(a.k8s, watcher.StatusConfig{
+		Identity: id,
+		Log:      a.log.With("component", "status-writer"),
+		Replicas: func(l v1alpha1.Limit) int {
+			a.mu.Lock()
+			defer a.mu.Unlock()
+			return a.source.Observe(l.Name).Replicas
+		},
+	})
+	a.mu.Lock()
+	a.writer = w
+	a.mu.Unlock()
+	go w.Run(ctx)
+
+	t := time.NewTicker(time.Minute) // reports of problems are made again now and then
 	defer t.Stop()
 	for {
 		select {
@@ -480,17 +506,21 @@ func (a *Agent) statusLoop(ctx context.Context) {
 		case <-a.statusDue:
 		case <-t.C:
 		}
+		w.Changed()
 		all, invalid := a.k8s.Limits()
+		now := time.Now()
+		names := make(map[string]bool, len(all))
 		for _, l := range all {
-			obs := a.k8s.Observe(l.Name)
-			v := watcher.Verdict{Invalid: invalid[l.Name]}
-			a.mu.Lock()
-			if l.Scope != v1alpha1.ScopeNodes && l.Scope != v1alpha1.ScopeService {
-				obs = a.source.Observe(l.Name)
+			names[l.Name] = true
+			obj := a.k8s.RateLimit(l.Name)
+			if obj == nil || invalid[l.Name] != nil {
+				continue
 			}
+			var v watcher.Verdict
+			a.mu.Lock()
 			// What became of the limit on this node (nothing if it has no
-			// endpoint here, or is invalid).
-			if o := a.outcomes[l.Name]; o != nil && v.Invalid == nil {
+			// endpoint here).
+			if o := a.outcomes[l.Name]; o != nil {
 				switch o.state {
 				case maps.Rejected:
 					v.NotApplied = o.note
@@ -507,12 +537,8 @@ func (a *Agent) statusLoop(ctx context.Context) {
 				}
 			}
 			a.mu.Unlock()
-			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			err := a.k8s.ReportStatus(rctx, l.Name, v, int32(max(obs.Replicas, 0)))
-			cancel()
-			if err != nil {
-				a.log.Debug("RateLimit status not written", "limit", l.Name, "error", err)
-			}
+			rep.Report(obj, v, now)
 		}
+		rep.Forget(func(name string) bool { return names[name] })
 	}
 }

@@ -2,10 +2,8 @@ package watcher
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"net/netip"
 	"reflect"
 	"slices"
@@ -14,11 +12,13 @@ import (
 	"sync"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
@@ -40,14 +40,15 @@ type KubernetesConfig struct {
 	// NodeName is this node (from the downward API): the service scope
 	// counts the endpoints on it.
 	NodeName string
-	// AgentNamespace and AgentSelector find the agents' own pods: the nodes
-	// scope divides by the ready ones.
+	// AgentNamespace and AgentDaemonSet name the agents' DaemonSet: the
+	// nodes scope divides by its ready pods (status.numberReady).
 	AgentNamespace string
-	AgentSelector  labels.Selector
+	AgentDaemonSet string
 	// Resync is the informers' resync period (0: none).
 	Resync time.Duration
-	// ProbeInterval is how often the API server is asked whether it is
-	// there, to date the observations (default 2 s).
+	// ProbeInterval is how often, while a watch fails because the API
+	// server does not answer, it is asked whether it is back (default
+	// 2 s). It is not asked anything while the watches work.
 	ProbeInterval time.Duration
 	// Probe asks the API server whether it is there (default: GET /readyz).
 	Probe func(context.Context) error
@@ -70,30 +71,39 @@ type EndpointPort struct {
 // and listers, event handlers that only enqueue a key, caches synced before
 // any work, and a sync that reads from the listers and never mutates them.
 //
+// It watches three things, each as narrowly as the API allows, so that what
+// an agent receives does not grow with the cluster: every RateLimit; the
+// agents' DaemonSet, one object (field selector metadata.name), whose
+// status.numberReady is the nodes scope's count; and the EndpointSlices of
+// the Services RateLimits reference (sliceWatch), not the cluster's.
+//
 // The last observation stands while the API server is unreachable: the
 // listers keep their content when a watch fails, and a relist replaces it
 // with what is true, never with nothing. What changes is the observation's
-// age: At is the last time the API server answered.
+// age, dated by the watches themselves (watchHealth).
 type Kubernetes struct {
-	cfg   KubernetesConfig
-	log   *slog.Logger
-	queue workqueue.TypedRateLimitingInterface[string]
+	cfg    KubernetesConfig
+	log    *slog.Logger
+	queue  workqueue.TypedRateLimitingInterface[string]
+	health *watchHealth
 
-	rlInformer    cache.SharedIndexInformer
-	sliceInformer cache.SharedIndexInformer
-	podInformer   cache.SharedIndexInformer
+	rlInformer cache.SharedIndexInformer
+	dsInformer cache.SharedIndexInformer
+	slices     sliceWatch
 
-	mu        sync.Mutex
-	limits    map[string]v1alpha1.Limit // by name, valid or not
-	invalid   map[string]error          // names whose spec the agent rejects
-	obs       map[string]Observation    // by limit name
-	local     map[string][]Endpoint     // service scope: this node's ready endpoints
-	ports     map[string][]EndpointPort // service scope: the Service's ports
-	agents    int
-	contacted time.Time
-	probeErr  error
-	synced    bool
-	notify    func()
+	mu       sync.Mutex
+	ctx      context.Context           // Run's, for the slice informers
+	limits   map[string]v1alpha1.Limit // by name, valid or not
+	invalid  map[string]error          // names whose spec the agent rejects
+	obs      map[string]Observation    // by limit name
+	local    map[string][]Endpoint     // service scope: this node's ready endpoints
+	ports    map[string][]EndpointPort // service scope: the Service's ports
+	agents   int
+	desired  int // the DaemonSet's desiredNumberScheduled
+	synced   bool
+	notify   func()
+	onChange []func() // more than notify: the status writer
+	sliceErr string   // the last error of slices.set, logged once
 }
 
 // NewKubernetes returns a Kubernetes source. Run starts it.
@@ -104,8 +114,8 @@ func NewKubernetes(cfg KubernetesConfig) *Kubernetes {
 	if cfg.ProbeInterval <= 0 {
 		cfg.ProbeInterval = 2 * time.Second
 	}
-	if cfg.AgentSelector == nil {
-		cfg.AgentSelector = labels.Everything()
+	if cfg.AgentDaemonSet == "" {
+		cfg.AgentDaemonSet = "rlagent"
 	}
 	if cfg.Probe == nil {
 		client := cfg.Client
@@ -123,70 +133,50 @@ func NewKubernetes(cfg KubernetesConfig) *Kubernetes {
 		local:   make(map[string][]Endpoint),
 		ports:   make(map[string][]EndpointPort),
 	}
+	k.health = newWatchHealth(cfg.Log, cfg.Probe, cfg.ProbeInterval, k.healthChanged)
 
 	rls := cfg.Dynamic.Resource(RateLimitResource)
-	k.rlInformer = k.informer(&unstructured.Unstructured{}, listOf(rls.List), rls.Watch, nil)
-	eps := cfg.Client.DiscoveryV1().EndpointSlices(metav1.NamespaceAll)
-	k.sliceInformer = k.informer(&discoveryv1.EndpointSlice{}, listOf(eps.List), eps.Watch, nil)
-	pods := cfg.Client.CoreV1().Pods(cfg.AgentNamespace)
-	k.podInformer = k.informer(&corev1.Pod{}, listOf(pods.List), pods.Watch,
-		func(o *metav1.ListOptions) { o.LabelSelector = cfg.AgentSelector.String() })
+	k.rlInformer = k.informer("ratelimits", &unstructured.Unstructured{}, listOf(rls.List), rls.Watch, nil, nil)
+	dss := cfg.Client.AppsV1().DaemonSets(cfg.AgentNamespace)
+	byName := fields.OneTermEqualSelector("metadata.name", cfg.AgentDaemonSet).String()
+	k.dsInformer = k.informer("daemonset", &appsv1.DaemonSet{}, listOf(dss.List), dss.Watch,
+		func(o *metav1.ListOptions) { o.FieldSelector = byName }, nil)
 
 	enqueue := func(key string) { k.queue.Add(key) }
 	k.rlInformer.AddEventHandler(handler(func(any) { enqueue(keyLimits) }))
-	k.sliceInformer.AddEventHandler(handler(func(obj any) {
+	k.dsInformer.AddEventHandler(handler(func(any) { enqueue(keyAgents) }))
+	k.slices.swapped = func() { enqueue(keyLimits) }
+	k.slices.handler = handler(func(obj any) {
 		if s, ok := obj.(*discoveryv1.EndpointSlice); ok {
 			if svc := s.Labels[discoveryv1.LabelServiceName]; svc != "" {
 				enqueue(keyService + s.Namespace + "/" + svc)
 			}
 		}
-	}))
-	k.podInformer.AddEventHandler(handler(func(any) { enqueue(keyAgents) }))
-	for _, inf := range []cache.SharedIndexInformer{k.rlInformer, k.sliceInformer, k.podInformer} {
-		inf.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
-			k.log.Warn("watch failed; the last observed counts stand", "error", err)
-		})
-	}
+	})
 	return k
 }
 
-// informer is a shared informer of one resource whose list and watch
-// calls wait while the probe finds the API server unreachable.
-//
-// Why: client-go's reflector retries a refused watch with an exponential
-// backoff (0.8 s doubling to 30 s, jittered up to twice that) and relists
-// after an expired one with the same backoff, so after an outage of half a
-// minute the informers came back 25-90 s after the API server did (measured
-// in test/k8s), while the observation already looked fresh. Held here
-// instead, the calls fail only until the probe notices the outage (one
-// ProbeInterval), the backoff stays at its first steps, and the informers
-// resume seconds after the API server's return (4-6 s in test/k8s).
-func (k *Kubernetes) informer(obj runtime.Object,
+// informer is a shared informer of one resource, through watchHealth.
+func (k *Kubernetes) informer(name string, obj runtime.Object,
 	list func(context.Context, metav1.ListOptions) (runtime.Object, error),
 	watchFn func(context.Context, metav1.ListOptions) (watch.Interface, error),
-	tweak func(*metav1.ListOptions),
+	tweak func(*metav1.ListOptions), indexers cache.Indexers,
 ) cache.SharedIndexInformer {
-	lw := &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			if err := k.waitReachable(ctx); err != nil {
-				return nil, err
-			}
-			if tweak != nil {
-				tweak(&o)
-			}
-			return list(ctx, o)
-		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			if err := k.waitReachable(ctx); err != nil {
-				return nil, err
-			}
-			if tweak != nil {
-				tweak(&o)
-			}
-			return watchFn(ctx, o)
-		},
-	}
-	return cache.NewSharedIndexInformer(lw, obj, k.cfg.Resync, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	inf := cache.NewSharedIndexInformer(k.health.listWatch(name, list, watchFn, tweak), obj, k.cfg.Resync, indexers)
+	inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, _ *cache.Reflector, err error) {
+		if !apierrors.IsResourceExpired(err) && !apierrors.IsGone(err) {
+			k.log.Debug("watch ended", "informer", name, "error", err)
+		}
+	})
+	return inf
+}
+
+// sliceInformer is the informer of the EndpointSlices sel selects.
+func (k *Kubernetes) sliceInformer(sel labels.Selector) cache.SharedIndexInformer {
+	eps := k.cfg.Client.DiscoveryV1().EndpointSlices(metav1.NamespaceAll)
+	s := sel.String()
+	return k.informer("endpointslices", &discoveryv1.EndpointSlice{}, listOf(eps.List), eps.Watch,
+		func(o *metav1.ListOptions) { o.LabelSelector = s }, cache.Indexers{byService: serviceIndex})
 }
 
 // listOf adapts a typed List to the informer's.
@@ -194,35 +184,19 @@ func listOf[T runtime.Object](list func(context.Context, metav1.ListOptions) (T,
 	return func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return list(ctx, o) }
 }
 
-// waitReachable returns when the last probe found the API server answering
-// (or none has run yet), or with ctx's error.
-func (k *Kubernetes) waitReachable(ctx context.Context) error {
-	for {
-		k.mu.Lock()
-		down := notAnswering(k.probeErr)
-		k.mu.Unlock()
-		if !down {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(100 * time.Millisecond):
-		}
+// healthChanged tells the agent that the observations' age changed course.
+func (k *Kubernetes) healthChanged() {
+	k.mu.Lock()
+	notify := k.notify
+	k.mu.Unlock()
+	if notify != nil {
+		notify()
 	}
 }
 
-// notAnswering reports whether a probe error means that the API server is
-// not there or not ready (no answer, or a 5xx). An answer that refuses the
-// probe itself (401, 403) shows it is there: holding the informers on it
-// would stop them for good where /readyz is not readable.
-func notAnswering(err error) bool {
-	var st apierrors.APIStatus
-	if errors.As(err, &st) {
-		return st.Status().Code >= 500
-	}
-	return err != nil
-}
+// WatchStats returns, by informer (ratelimits, daemonset, endpointslices),
+// what the informers received so far.
+func (k *Kubernetes) WatchStats() map[string]WatchStats { return k.health.stats() }
 
 const (
 	keyLimits  = "ratelimits"
@@ -248,21 +222,28 @@ func handler(f func(obj any)) cache.ResourceEventHandlerFuncs {
 // ends, calling notify after every change of the limits or a count.
 func (k *Kubernetes) Run(ctx context.Context, notify func()) {
 	k.mu.Lock()
-	k.notify = notify
+	k.notify, k.ctx = notify, ctx
 	k.mu.Unlock()
 	defer k.queue.ShutDown()
-	for _, inf := range []cache.SharedIndexInformer{k.rlInformer, k.sliceInformer, k.podInformer} {
-		go inf.RunWithContext(ctx)
+	defer k.slices.stop()
+	go k.rlInformer.RunWithContext(ctx)
+	go k.dsInformer.RunWithContext(ctx)
+	if !cache.WaitForCacheSync(ctx.Done(), k.rlInformer.HasSynced, k.dsInformer.HasSynced) {
+		return
 	}
-	go k.probe(ctx)
-	if !cache.WaitForCacheSync(ctx.Done(), k.rlInformer.HasSynced, k.sliceInformer.HasSynced, k.podInformer.HasSynced) {
+	// The referenced Services' slices, before the first count: the
+	// limits' first sync starts their informer.
+	k.mu.Lock()
+	k.syncLimits()
+	k.mu.Unlock()
+	if !cache.WaitForCacheSync(ctx.Done(), k.slices.synced) {
 		return
 	}
 	k.mu.Lock()
 	k.synced = true
-	k.contacted = time.Now()
 	k.mu.Unlock()
 	k.queue.Add(keyLimits)
+	k.queue.Add(keyAgents)
 	go func() {
 		<-ctx.Done()
 		k.queue.ShutDown()
@@ -314,14 +295,29 @@ func (k *Kubernetes) sync(key string) error {
 			}
 		}
 	}
-	notify := k.notify
+	notify, more := k.notify, k.onChange
 	k.mu.Unlock()
-	if changed && notify != nil {
-		notify()
+	if changed {
+		if notify != nil {
+			notify()
+		}
+		for _, f := range more {
+			f()
+		}
 	}
 	return nil
 }
 
+// OnChange has f called, as Run's notify is, after every change of the
+// limits or a count.
+func (k *Kubernetes) OnChange(f func()) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.onChange = append(k.onChange, f)
+}
+
+// syncLimits reads the RateLimits and points the slice informer at the
+// Services they reference. Callers hold k.mu.
 func (k *Kubernetes) syncLimits() bool {
 	next := make(map[string]v1alpha1.Limit)
 	invalid := make(map[string]error)
@@ -351,23 +347,34 @@ func (k *Kubernetes) syncLimits() bool {
 			delete(k.ports, name)
 		}
 	}
+	// Also those of limits the agent rejects: the status says what they
+	// would be divided by.
+	var services []string
+	for _, l := range next {
+		if l.Scope == v1alpha1.ScopeService {
+			services = append(services, l.Match.Service)
+		}
+	}
+	if k.ctx != nil {
+		err := k.slices.set(k.ctx, services, k.sliceInformer)
+		if msg := fmt.Sprint(err); err != nil && msg != k.sliceErr {
+			k.log.Warn("some referenced Services' EndpointSlices are not watched", "error", err)
+		}
+		k.sliceErr = fmt.Sprint(err)
+	}
 	return changed
 }
 
+// syncAgents reads the ready agents from the DaemonSet's status. Callers
+// hold k.mu.
 func (k *Kubernetes) syncAgents() bool {
-	n := 0
-	for _, obj := range k.podInformer.GetStore().List() {
-		p, ok := obj.(*corev1.Pod)
-		if !ok || p.DeletionTimestamp != nil || !k.cfg.AgentSelector.Matches(labels.Set(p.Labels)) {
-			continue
-		}
-		for _, c := range p.Status.Conditions {
-			if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
-				n++
-				break
-			}
+	n, desired := 0, 0
+	for _, obj := range k.dsInformer.GetStore().List() {
+		if ds, ok := obj.(*appsv1.DaemonSet); ok && ds.Name == k.cfg.AgentDaemonSet {
+			n, desired = int(ds.Status.NumberReady), int(ds.Status.DesiredNumberScheduled)
 		}
 	}
+	k.desired = desired
 	if n == k.agents {
 		return false
 	}
@@ -379,6 +386,13 @@ func (k *Kubernetes) syncAgents() bool {
 		}
 	}
 	return changed
+}
+
+// Agents returns the agents' DaemonSet's ready and desired pods.
+func (k *Kubernetes) Agents() (ready, desired int) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.agents, k.desired
 }
 
 // syncObservation recomputes one limit's count. Callers hold k.mu.
@@ -410,11 +424,7 @@ func (k *Kubernetes) syncObservation(name string) bool {
 func (k *Kubernetes) serviceEndpoints(svc string) (total int, local []Endpoint, ports []EndpointPort) {
 	ns, name, _ := strings.Cut(svc, "/")
 	seen := make(map[string]bool)
-	for _, obj := range k.sliceInformer.GetStore().List() {
-		s, ok := obj.(*discoveryv1.EndpointSlice)
-		if !ok || s.Namespace != ns || s.Labels[discoveryv1.LabelServiceName] != name {
-			continue
-		}
+	for _, s := range k.slices.list(ns, name) {
 		for _, p := range s.Ports {
 			if p.Port == nil {
 				continue
@@ -456,47 +466,12 @@ func (k *Kubernetes) serviceEndpoints(svc string) (total int, local []Endpoint, 
 	return total, local, ports
 }
 
-// probe dates the observations: At is the last time the API server
-// answered. While it does not, the counts stand and their age grows.
-func (k *Kubernetes) probe(ctx context.Context) {
-	t := time.NewTicker(k.cfg.ProbeInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		pctx, cancel := context.WithTimeout(ctx, k.cfg.ProbeInterval)
-		err := k.cfg.Probe(pctx)
-		cancel()
-		k.mu.Lock()
-		was := k.probeErr
-		if err == nil {
-			k.contacted = time.Now()
-		}
-		k.probeErr = err
-		notify := k.notify
-		k.mu.Unlock()
-		if (was == nil) != (err == nil) {
-			if err != nil {
-				k.log.Warn("API server unreachable; the last observed counts stand", "error", err)
-			} else {
-				k.log.Info("API server reachable again")
-			}
-			if notify != nil {
-				notify()
-			}
-		}
-	}
-}
-
 // Observe returns the latest count for the named limit.
 func (k *Kubernetes) Observe(limit string) Observation {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	o := k.obs[limit]
-	o.At, o.Err = k.contacted, k.probeErr
+	o.At, o.Err = k.health.state(time.Now())
 	return o
 }
 
@@ -551,121 +526,13 @@ func equalErrs(a, b map[string]error) bool {
 	return true
 }
 
-// Verdict is what one agent says of a RateLimit.
-type Verdict struct {
-	// Invalid is the validation error; every agent finds the same.
-	Invalid error
-	// NotApplied says why this node could not apply the limit, or "".
-	NotApplied string
-	// Clamped says how this node clamped the limit's share, or "".
-	Clamped string
-	// AtUplink says why this node enforces a limit meant for its endpoints'
-	// interfaces at its uplinks, or "".
-	AtUplink string
-	// PaceIneffective says why this node's uplinks do not hold a paced
-	// limit's packets to their departure times (no fq), or "".
-	PaceIneffective string
-}
-
-// condition is the Accepted condition v stands for, with its severity
-// (higher is worse). The node-specific reasons carry the node's name.
-func (v Verdict) condition(node string) (cond map[string]any, severity int) {
-	switch {
-	case v.Invalid != nil:
-		return map[string]any{"status": "False", "reason": v1alpha1.ReasonInvalid, "message": v.Invalid.Error()}, 3
-	case v.NotApplied != "":
-		return map[string]any{"status": "False", "reason": v1alpha1.ReasonDoesNotFit, "message": nodeMessage(node, v.NotApplied)}, 2
-	case v.Clamped != "":
-		msg := strings.TrimSuffix(v.Clamped+"; "+v.AtUplink, "; ")
-		return map[string]any{"status": "True", "reason": v1alpha1.ReasonClamped, "message": nodeMessage(node, msg)}, 1
-	case v.AtUplink != "":
-		return map[string]any{"status": "True", "reason": v1alpha1.ReasonEnforcedAtUplink, "message": nodeMessage(node, v.AtUplink)}, 1
-	case v.PaceIneffective != "":
-		return map[string]any{"status": "True", "reason": v1alpha1.ReasonPaceIneffective, "message": nodeMessage(node, v.PaceIneffective)}, 1
-	}
-	return map[string]any{"status": "True", "reason": v1alpha1.ReasonValid, "message": ""}, 0
-}
-
-func nodeMessage(node, msg string) string { return "node " + node + ": " + msg }
-
-// reasonSeverity ranks a reason as Verdict.condition does; unknown: 0.
-func reasonSeverity(reason any) int {
-	switch reason {
-	case v1alpha1.ReasonInvalid:
-		return 3
-	case v1alpha1.ReasonDoesNotFit:
-		return 2
-	case v1alpha1.ReasonClamped, v1alpha1.ReasonEnforcedAtUplink, v1alpha1.ReasonPaceIneffective:
-		return 1
-	}
-	return 0
-}
-
-// ReportStatus records on a RateLimit this agent's verdict and the count it
-// is divided by, if that differs from what the object says.
-//
-// Every agent writes, so the writes must converge. Validity and the count
-// are the same on every agent. Whether a limit fits is a node's own
-// (service-scoped limits differ from node to node), so the condition holds
-// the worst report: an agent leaves the recorded condition (and writes only
-// the count) when it is about the current generation, not its own node's,
-// and more severe than its own, or as severe and another node's; otherwise
-// it writes its own. A node that recovers clears its own report, and
-// another node that still cannot apply the limit then writes its own. A
-// report of a node whose agent is gone stands until the spec changes.
-func (k *Kubernetes) ReportStatus(ctx context.Context, name string, v Verdict, replicas int32) error {
+// RateLimit returns the RateLimit object as the cache holds it (not to be
+// modified), or nil.
+func (k *Kubernetes) RateLimit(name string) *unstructured.Unstructured {
 	obj, ok, err := k.rlInformer.GetStore().GetByKey(name)
 	if err != nil || !ok {
-		return err
-	}
-	cur, ok := obj.(*unstructured.Unstructured)
-	if !ok {
 		return nil
 	}
-	gen := cur.GetGeneration()
-	mine, severity := v.condition(k.cfg.NodeName)
-	mine["type"], mine["observedGeneration"] = v1alpha1.ConditionAccepted, gen
-
-	oldConds, _, _ := unstructured.NestedSlice(cur.Object, "status", "conditions")
-	oldReplicas, _, _ := unstructured.NestedInt64(cur.Object, "status", "replicas")
-	oldGen, _, _ := unstructured.NestedInt64(cur.Object, "status", "observedGeneration")
-	var old map[string]any
-	if len(oldConds) == 1 {
-		old, _ = oldConds[0].(map[string]any)
-	}
-	cond := mine
-	if old != nil && old["observedGeneration"] == gen {
-		msg, _ := old["message"].(string)
-		oldSeverity := reasonSeverity(old["reason"])
-		nodeSpecific := old["reason"] == v1alpha1.ReasonDoesNotFit || old["reason"] == v1alpha1.ReasonClamped ||
-			old["reason"] == v1alpha1.ReasonEnforcedAtUplink || old["reason"] == v1alpha1.ReasonPaceIneffective
-		ours := strings.HasPrefix(msg, nodeMessage(k.cfg.NodeName, ""))
-		if !ours && (oldSeverity > severity || (oldSeverity == severity && nodeSpecific)) {
-			cond = maps.Clone(old) // another node's report of something at least as bad (a copy: old is the cache's)
-		}
-	}
-	if oldReplicas == int64(replicas) && oldGen == gen && old != nil &&
-		old["status"] == cond["status"] && old["reason"] == cond["reason"] && old["message"] == cond["message"] &&
-		old["observedGeneration"] == cond["observedGeneration"] {
-		return nil
-	}
-	if old == nil || old["status"] != cond["status"] {
-		cond["lastTransitionTime"] = metav1.Now().UTC().Format(time.RFC3339)
-	} else if t, ok := old["lastTransitionTime"]; ok {
-		cond["lastTransitionTime"] = t
-	} else {
-		cond["lastTransitionTime"] = metav1.Now().UTC().Format(time.RFC3339)
-	}
-	next := cur.DeepCopy()
-	if err := unstructured.SetNestedField(next.Object, int64(replicas), "status", "replicas"); err != nil {
-		return err
-	}
-	if err := unstructured.SetNestedField(next.Object, gen, "status", "observedGeneration"); err != nil {
-		return err
-	}
-	if err := unstructured.SetNestedSlice(next.Object, []any{cond}, "status", "conditions"); err != nil {
-		return err
-	}
-	_, err = k.cfg.Dynamic.Resource(RateLimitResource).UpdateStatus(ctx, next, metav1.UpdateOptions{})
-	return err
+	u, _ := obj.(*unstructured.Unstructured)
+	return u
 }

@@ -3,26 +3,93 @@ package watcher
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net/http"
 	"net/netip"
+	"os"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	dynamicfake "k8s.io/client-go/dynamic/fake"
-	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
+
+	"github.com/rlagent/rlagent/internal/k8stest"
 )
 
-// Unit tests with fake clientsets: event handling and count math. The real
-// API server is exercised in test/k8s.
+// The Kubernetes source against a real kube-apiserver and etcd
+// (internal/k8stest): what it watches, what it counts, and that it asks
+// nothing beyond its watches. RateLimits are cluster-scoped: each test
+// names its own and deletes them when it ends.
+
+func TestMain(m *testing.M) { os.Exit(k8stest.RunShared(m)) }
+
+// waitUntil polls cond until it holds, failing t after 15 s.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited 15 s for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// source is one agent's Kubernetes source on env, with its own clients,
+// whose requests it counts.
+type source struct {
+	k        *Kubernetes
+	requests atomic.Int64 // every HTTP request its clients made
+	probes   atomic.Int64
+	notes    atomic.Int64
+	cancel   context.CancelFunc
+	done     chan struct{}
+}
+
+func startSource(t *testing.T, env *k8stest.Env, ns, node string) *source {
+	t.Helper()
+	s := &source{done: make(chan struct{})}
+	cfg := rest.CopyConfig(env.Config)
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			s.requests.Add(1)
+			return rt.RoundTrip(r)
+		})
+	})
+	cs := kubernetes.NewForConfigOrDie(cfg)
+	dyn := dynamic.NewForConfigOrDie(cfg)
+	probe := func(ctx context.Context) error {
+		s.probes.Add(1)
+		return cs.Discovery().RESTClient().Get().AbsPath("/readyz").Do(ctx).Error()
+	}
+	s.k = NewKubernetes(KubernetesConfig{
+		Client: cs, Dynamic: dyn, NodeName: node, AgentNamespace: ns,
+		ProbeInterval: 200 * time.Millisecond, Probe: probe, Log: quietLog(),
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	s.cancel = cancel
+	go func() { s.k.Run(ctx, func() { s.notes.Add(1) }); close(s.done) }()
+	t.Cleanup(s.stop)
+	waitUntil(t, node+"'s caches to sync", s.k.Synced)
+	return s
+}
+
+func (s *source) stop() {
+	s.cancel()
+	<-s.done
+}
 
 func rateLimit(name string, spec map[string]any) *unstructured.Unstructured {
 	return &unstructured.Unstructured{Object: map[string]any{
@@ -31,177 +98,305 @@ func rateLimit(name string, spec map[string]any) *unstructured.Unstructured {
 	}}
 }
 
-func slice(ns, svc, name string, eps ...discoveryv1.Endpoint) *discoveryv1.EndpointSlice {
-	return &discoveryv1.EndpointSlice{
-		ObjectMeta:  metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{discoveryv1.LabelServiceName: svc}},
-		AddressType: discoveryv1.AddressTypeIPv4,
-		Ports:       []discoveryv1.EndpointPort{{Port: ptr.To[int32](8080), Protocol: ptr.To(corev1.ProtocolTCP)}},
-		Endpoints:   eps,
+// createRL creates a RateLimit and deletes it when the test ends.
+func createRL(t *testing.T, env *k8stest.Env, u *unstructured.Unstructured) *unstructured.Unstructured {
+	t.Helper()
+	rl := dynamic.NewForConfigOrDie(env.Config).Resource(RateLimitResource)
+	got, err := rl.Create(context.Background(), u, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("create RateLimit %s: %v", u.GetName(), err)
 	}
+	t.Cleanup(func() {
+		if err := rl.Delete(context.Background(), u.GetName(), metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			t.Errorf("delete RateLimit %s: %v", u.GetName(), err)
+		}
+	})
+	return got
+}
+
+func sharedEnv(t *testing.T) *k8stest.Env {
+	t.Helper()
+	env := k8stest.Shared(t)
+	env.InstallCRD(t, "../deploy/crd.yaml")
+	return env
 }
 
 func ep(addr, node string, ready bool) discoveryv1.Endpoint {
 	return discoveryv1.Endpoint{Addresses: []string{addr}, NodeName: ptr.To(node), Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(ready)}}
 }
 
-func agentPod(name string, ready bool) *corev1.Pod {
-	st := corev1.ConditionFalse
-	if ready {
-		st = corev1.ConditionTrue
-	}
-	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "rlagent-system", Name: name, Labels: map[string]string{"app": "rlagent"}},
-		Status:     corev1.PodStatus{Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: st}}},
-	}
-}
-
-type harness struct {
-	k       *Kubernetes
-	cs      *fake.Clientset
-	dyn     *dynamicfake.FakeDynamicClient
-	notes   atomic.Int32
-	probeOK atomic.Bool
-}
-
-func newHarness(t *testing.T, objs ...runtime.Object) *harness {
+// putSlice creates or replaces an EndpointSlice of Service svc.
+func putSlice(t *testing.T, env *k8stest.Env, ns, svc, name string, port int32, eps ...discoveryv1.Endpoint) {
 	t.Helper()
-	h := &harness{cs: fake.NewClientset(objs...)}
-	h.dyn = dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
-		map[schema.GroupVersionResource]string{RateLimitResource: "RateLimitList"})
-	h.probeOK.Store(true)
-	h.k = NewKubernetes(KubernetesConfig{
-		Client: h.cs, Dynamic: h.dyn, NodeName: "node-a",
-		AgentNamespace: "rlagent-system", AgentSelector: labels.SelectorFromSet(labels.Set{"app": "rlagent"}),
-		ProbeInterval: 10 * time.Millisecond, Log: quietLog(),
-		Probe: func(context.Context) error {
-			if h.probeOK.Load() {
-				return nil
-			}
-			return errors.New("connection refused")
-		},
-	})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { h.k.Run(ctx, func() { h.notes.Add(1) }); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
-	waitFor(t, h.k.Synced)
-	return h
+	s := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{discoveryv1.LabelServiceName: svc}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Port: ptr.To(port), Protocol: ptr.To(corev1.ProtocolUDP)}},
+		Endpoints:   eps,
+	}
+	slices := env.Clientset().DiscoveryV1().EndpointSlices(ns)
+	cur, err := slices.Get(context.Background(), name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		_, err = slices.Create(context.Background(), s, metav1.CreateOptions{})
+	case err == nil:
+		s.ResourceVersion = cur.ResourceVersion
+		_, err = slices.Update(context.Background(), s, metav1.UpdateOptions{})
+	}
+	if err != nil {
+		t.Fatalf("EndpointSlice %s/%s: %v", ns, name, err)
+	}
 }
 
-func (h *harness) createRL(t *testing.T, u *unstructured.Unstructured) {
+// setDaemonSet writes a DaemonSet's status as its controller would,
+// creating it first if needed.
+func setDaemonSet(t *testing.T, env *k8stest.Env, ns, name string, ready, desired int32) {
 	t.Helper()
-	if _, err := h.dyn.Resource(RateLimitResource).Create(context.Background(), u, metav1.CreateOptions{}); err != nil {
+	dss := env.Clientset().AppsV1().DaemonSets(ns)
+	ds, err := dss.Get(context.Background(), name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		labels := map[string]string{"app": name}
+		ds, err = dss.Create(context.Background(), &appsv1.DaemonSet{
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: appsv1.DaemonSetSpec{
+				Selector: &metav1.LabelSelector{MatchLabels: labels},
+				Template: corev1.PodTemplateSpec{
+					ObjectMeta: metav1.ObjectMeta{Labels: labels},
+					Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "example.invalid/c"}}},
+				},
+			},
+		}, metav1.CreateOptions{})
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	ds.Status.NumberReady, ds.Status.DesiredNumberScheduled = ready, desired
+	if _, err := dss.UpdateStatus(context.Background(), ds, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 }
 
+// TestKubernetesServiceScope: a service-scoped limit counts its Service's
+// ready endpoints (once each, across slices) and this node's, from the
+// slices of that Service only: of 40 other Services' slices in the
+// cluster, the agent lists and receives none, before or after they change.
 func TestKubernetesServiceScope(t *testing.T) {
-	h := newHarness(t)
-	h.createRL(t, rateLimit("api", map[string]any{
-		"rate": int64(90000), "scope": "service",
-		"match": map[string]any{"service": "shop/api"},
+	env := sharedEnv(t)
+	ns := env.Namespace(t)
+	for i := range 40 {
+		putSlice(t, env, ns, fmt.Sprintf("noise-%d", i), fmt.Sprintf("noise-%d", i), 53, ep(fmt.Sprintf("10.9.%d.1", i), "node-a", true))
+	}
+	putSlice(t, env, ns, "web", "web-1", 8080, ep("10.0.0.1", "node-a", true), ep("10.0.0.2", "node-b", true), ep("10.0.0.3", "node-a", false))
+	putSlice(t, env, ns, "web", "web-2", 8080, ep("10.0.0.2", "node-b", true), ep("10.0.0.4", "node-a", true))
+	createRL(t, env, rateLimit("svc-scope", map[string]any{
+		"rate": int64(90), "scope": "service", "match": map[string]any{"service": ns + "/web"},
 	}))
-	waitFor(t, func() bool { ls, _ := h.k.Limits(); return len(ls) == 1 })
-
-	ctx := context.Background()
-	s := slice("shop", "api", "api-1", ep("10.0.0.1", "node-a", true), ep("10.0.0.2", "node-b", true), ep("10.0.0.3", "node-c", true))
-	if _, err := h.cs.DiscoveryV1().EndpointSlices("shop").Create(ctx, s, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
+	s := startSource(t, env, ns, "node-a")
+	waitUntil(t, "3 ready endpoints, 2 on node-a", func() bool {
+		o := s.k.Observe("svc-scope")
+		return o.Replicas == 3 && o.Local == 2
+	})
+	local, ports := s.k.LocalEndpoints("svc-scope")
+	want := []Endpoint{{netip.MustParseAddr("10.0.0.1")}, {netip.MustParseAddr("10.0.0.4")}}
+	if fmt.Sprint(local) != fmt.Sprint(want) || fmt.Sprint(ports) != fmt.Sprint([]EndpointPort{{corev1.ProtocolUDP, 8080}}) {
+		t.Errorf("local endpoints %v, ports %v; want %v, [UDP 8080]", local, ports, want)
 	}
-	waitFor(t, func() bool { o := h.k.Observe("api"); return o.Replicas == 3 && o.Local == 1 })
-
-	// Scale 3 -> 6 with a second slice, one endpoint not ready.
-	s2 := slice("shop", "api", "api-2", ep("10.0.0.4", "node-a", true), ep("10.0.0.5", "node-b", true),
-		ep("10.0.0.6", "node-a", true), ep("10.0.0.7", "node-a", false))
-	if _, err := h.cs.DiscoveryV1().EndpointSlices("shop").Create(ctx, s2, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, func() bool { o := h.k.Observe("api"); return o.Replicas == 6 && o.Local == 3 })
-	local, ports := h.k.LocalEndpoints("api")
-	want := []netip.Addr{netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.4"), netip.MustParseAddr("10.0.0.6")}
-	if len(local) != len(want) {
-		t.Fatalf("local endpoints %v, want %v", local, want)
-	}
-	for i := range want {
-		if local[i].Addr != want[i] {
-			t.Fatalf("local endpoints %v, want %v", local, want)
-		}
-	}
-	if len(ports) != 1 || ports[0].Port != 8080 || ports[0].Protocol != corev1.ProtocolTCP {
-		t.Fatalf("ports %v", ports)
+	st := s.k.WatchStats()["endpointslices"]
+	t.Logf("endpointslices: %+v", st)
+	if st.Listed != 2 {
+		t.Errorf("the agent listed %d EndpointSlices, want the 2 of the Service its limit references (of 42)", st.Listed)
 	}
 
-	// Scale to 2: delete the first slice, leaving 3 ready in the second... then 2.
-	if err := h.cs.DiscoveryV1().EndpointSlices("shop").Delete(ctx, "api-1", metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
+	// Other Services' slices change: nothing reaches the agent. Then its
+	// Service's: one event.
+	for i := range 40 {
+		putSlice(t, env, ns, fmt.Sprintf("noise-%d", i), fmt.Sprintf("noise-%d", i), 53, ep(fmt.Sprintf("10.9.%d.2", i), "node-a", true))
 	}
-	s2.Endpoints = s2.Endpoints[:2]
-	if _, err := h.cs.DiscoveryV1().EndpointSlices("shop").Update(ctx, s2, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
+	events := st.Events
+	putSlice(t, env, ns, "web", "web-2", 8080, ep("10.0.0.2", "node-b", true))
+	waitUntil(t, "2 ready endpoints, 1 on node-a", func() bool {
+		o := s.k.Observe("svc-scope")
+		return o.Replicas == 2 && o.Local == 1
+	})
+	if got := s.k.WatchStats()["endpointslices"].Events - events; got != 1 {
+		t.Errorf("the agent received %d EndpointSlice events for 40 changes of other Services and 1 of its own, want 1", got)
 	}
-	waitFor(t, func() bool { o := h.k.Observe("api"); return o.Replicas == 2 && o.Local == 1 })
 }
 
+// TestKubernetesSlicesFollowReferences: when a RateLimit referencing
+// another Service appears, the agent watches that Service's slices too, and
+// the first limit's count never falls to "none seen" while it switches;
+// with no service-scoped limit left it watches no slices at all.
+func TestKubernetesSlicesFollowReferences(t *testing.T) {
+	env := sharedEnv(t)
+	ns := env.Namespace(t)
+	putSlice(t, env, ns, "web", "web-1", 8080, ep("10.0.0.1", "node-a", true), ep("10.0.0.2", "node-b", true))
+	putSlice(t, env, ns, "api", "api-1", 443, ep("10.0.1.1", "node-b", true), ep("10.0.1.2", "node-b", true), ep("10.0.1.3", "node-a", true))
+	createRL(t, env, rateLimit("follow-web", map[string]any{"rate": int64(90), "scope": "service", "match": map[string]any{"service": ns + "/web"}}))
+	s := startSource(t, env, ns, "node-a")
+	waitUntil(t, "web's 2 endpoints", func() bool { return s.k.Observe("follow-web").Replicas == 2 })
+
+	var low atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if n := s.k.Observe("follow-web").Replicas; n != 2 {
+				low.Add(1)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	})
+	api := createRL(t, env, rateLimit("follow-api", map[string]any{"rate": int64(90), "scope": "service", "match": map[string]any{"service": ns + "/api"}}))
+	waitUntil(t, "api's 3 endpoints", func() bool { return s.k.Observe("follow-api").Replicas == 3 })
+	close(stop)
+	wg.Wait()
+	if low.Load() > 0 {
+		t.Errorf("web's count was not 2 in %d reads while the agent started watching api's slices", low.Load())
+	}
+	if names := s.k.slices.names; fmt.Sprint(names) != "[api web]" {
+		t.Errorf("watched Services %v, want [api web]", names)
+	}
+
+	rl := dynamic.NewForConfigOrDie(env.Config).Resource(RateLimitResource)
+	for _, name := range []string{"follow-web", api.GetName()} {
+		if err := rl.Delete(context.Background(), name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitUntil(t, "no slice informer", func() bool {
+		s.k.slices.mu.Lock()
+		defer s.k.slices.mu.Unlock()
+		return s.k.slices.cur == nil && s.k.slices.pending == nil
+	})
+}
+
+// TestKubernetesNodesScope: the nodes scope divides by the agents'
+// DaemonSet's status.numberReady, and the agent receives the events of
+// that one object only.
 func TestKubernetesNodesScope(t *testing.T) {
-	h := newHarness(t, agentPod("a", true), agentPod("b", true), agentPod("c", false))
-	h.createRL(t, rateLimit("all", map[string]any{"rate": int64(1000), "scope": "nodes", "match": map[string]any{}}))
-	waitFor(t, func() bool { return h.k.Observe("all").Replicas == 2 })
-	if _, err := h.cs.CoreV1().Pods("rlagent-system").Create(context.Background(), agentPod("d", true), metav1.CreateOptions{}); err != nil {
+	env := sharedEnv(t)
+	ns := env.Namespace(t)
+	createRL(t, env, rateLimit("nodes-scope", map[string]any{"rate": int64(90), "scope": "nodes", "match": map[string]any{}}))
+	setDaemonSet(t, env, ns, "rlagent", 3, 3)
+	s := startSource(t, env, ns, "node-a")
+	waitUntil(t, "3 ready agents", func() bool { return s.k.Observe("nodes-scope").Replicas == 3 })
+	if o := s.k.Observe("nodes-scope"); o.Local != 1 {
+		t.Errorf("local %d, want 1", o.Local)
+	}
+	events := s.k.WatchStats()["daemonset"].Events
+	for i := range 5 {
+		setDaemonSet(t, env, ns, "other", int32(i), 9)
+	}
+	setDaemonSet(t, env, ns, "rlagent", 2, 3)
+	waitUntil(t, "2 ready agents", func() bool { return s.k.Observe("nodes-scope").Replicas == 2 })
+	if got := s.k.WatchStats()["daemonset"].Events - events; got != 1 {
+		t.Errorf("the agent received %d DaemonSet events for 5 changes of another DaemonSet and 1 of its own, want 1", got)
+	}
+	if ready, desired := s.k.Agents(); ready != 2 || desired != 3 {
+		t.Errorf("Agents() = %d, %d; want 2, 3", ready, desired)
+	}
+}
+
+// TestKubernetesAsksNothingWhileWatching: once its informers have listed
+// and watch, an agent sends the API server no request at all while nothing
+// changes (the API server's reachability comes from the watches, not from
+// polling), and its observations are fresh.
+func TestKubernetesAsksNothingWhileWatching(t *testing.T) {
+	env := sharedEnv(t)
+	ns := env.Namespace(t)
+	createRL(t, env, rateLimit("quiet", map[string]any{"rate": int64(90), "scope": "service", "match": map[string]any{"service": ns + "/web"}}))
+	putSlice(t, env, ns, "web", "web-1", 8080, ep("10.0.0.1", "node-a", true))
+	setDaemonSet(t, env, ns, "rlagent", 1, 1)
+	s := startSource(t, env, ns, "node-a")
+	waitUntil(t, "web's endpoint", func() bool { return s.k.Observe("quiet").Replicas == 1 })
+	before := s.requests.Load()
+	const quiet = 5 * time.Second
+	time.Sleep(quiet)
+	if n := s.requests.Load() - before; n != 0 {
+		t.Errorf("the agent sent %d requests in %v of quiet, want 0", n, quiet)
+	}
+	if s.probes.Load() != 0 {
+		t.Errorf("the agent probed the API server %d times while its watches worked", s.probes.Load())
+	}
+	if o := s.k.Observe("quiet"); o.Err != nil || o.Age(time.Now()) > time.Second {
+		t.Errorf("observation %+v (age %v), want fresh and without error", o, o.Age(time.Now()))
+	}
+}
+
+// TestKubernetesKeepsCountsWhenUnreachable: with the API server stopped the
+// last counts stand, the observation carries the error and ages from the
+// moment the watches failed; the agent probes only then, and once the API
+// server is back the informers resume within seconds and follow changes.
+func TestKubernetesKeepsCountsWhenUnreachable(t *testing.T) {
+	env := k8stest.Start(t) // stopped below: not the shared one
+	env.InstallCRD(t, "../deploy/crd.yaml")
+	ns := env.Namespace(t)
+	createRL(t, env, rateLimit("outage", map[string]any{"rate": int64(90), "scope": "nodes", "match": map[string]any{}}))
+	setDaemonSet(t, env, ns, "rlagent", 4, 4)
+	s := startSource(t, env, ns, "node-a")
+	waitUntil(t, "4 ready agents", func() bool { return s.k.Observe("outage").Replicas == 4 })
+
+	stopped := time.Now()
+	if err := env.StopAPIServer(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { return h.k.Observe("all").Replicas == 3 })
-}
-
-// An unreachable API server keeps the counts; only the age grows.
-func TestKubernetesKeepsCountsWhenUnreachable(t *testing.T) {
-	h := newHarness(t, agentPod("a", true), agentPod("b", true))
-	h.createRL(t, rateLimit("all", map[string]any{"rate": int64(1000), "scope": "nodes", "match": map[string]any{}}))
-	waitFor(t, func() bool { return h.k.Observe("all").Replicas == 2 })
-
-	h.probeOK.Store(false)
-	waitFor(t, func() bool { return h.k.Observe("all").Err != nil })
-	o := h.k.Observe("all")
-	at := o.At
-	time.Sleep(50 * time.Millisecond)
-	o = h.k.Observe("all")
-	if o.Replicas != 2 || o.At != at || o.Age(time.Now()) < 50*time.Millisecond {
-		t.Fatalf("while unreachable: %+v (at %v), want replicas 2 and a growing age", o, at)
+	waitUntil(t, "the observation to carry an error", func() bool { return s.k.Observe("outage").Err != nil })
+	time.Sleep(2 * time.Second)
+	o := s.k.Observe("outage")
+	t.Logf("2 s into the outage: %+v, age %v", o, o.Age(time.Now()).Round(time.Millisecond))
+	if o.Replicas != 4 {
+		t.Errorf("count %d during the outage, want the last one, 4", o.Replicas)
 	}
-	h.probeOK.Store(true)
-	waitFor(t, func() bool { o := h.k.Observe("all"); return o.Err == nil && o.At.After(at) })
-}
+	if o.At.Before(stopped) || o.Age(time.Now()) < 2*time.Second {
+		t.Errorf("observation dated %v (age %v), want the moment the watches failed, after %v", o.At, o.Age(time.Now()), stopped)
+	}
+	if s.probes.Load() == 0 {
+		t.Errorf("the agent did not probe the API server during the outage")
+	}
 
-// While the probe finds the API server unreachable, the informers' list and
-// watch calls wait for it instead of failing into client-go's growing
-// backoff; they go ahead once a probe gets through. (test/k8s measures what
-// this does to the resumption after a real outage.)
-func TestKubernetesListWatchWaitsForAPIServer(t *testing.T) {
-	h := newHarness(t)
-	if err := h.k.waitReachable(context.Background()); err != nil {
-		t.Fatalf("reachable: waitReachable: %v", err)
+	if err := env.StartAPIServer(); err != nil {
+		t.Fatal(err)
 	}
-	h.probeOK.Store(false)
-	waitFor(t, func() bool { return h.k.Observe("any").Err != nil })
-	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-	defer cancel()
-	if err := h.k.waitReachable(ctx); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("unreachable: waitReachable returned %v, want it to wait until the context ends", err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- h.k.waitReachable(context.Background()) }()
-	h.probeOK.Store(true)
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("reachable again: waitReachable: %v", err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("waitReachable still waits 5 s after the probe got through")
+	back := time.Now()
+	waitUntil(t, "a fresh observation", func() bool {
+		o := s.k.Observe("outage")
+		return o.Err == nil && o.Age(time.Now()) < 100*time.Millisecond
+	})
+	t.Logf("fresh again %v after the API server's start", time.Since(back).Round(time.Millisecond))
+	setDaemonSet(t, env, ns, "rlagent", 5, 5)
+	waitUntil(t, "5 ready agents after the outage", func() bool { return s.k.Observe("outage").Replicas == 5 })
+	t.Logf("a count change seen %v after the API server's start", time.Since(back).Round(time.Millisecond))
+	probes := s.probes.Load()
+	time.Sleep(time.Second)
+	if s.probes.Load() != probes {
+		t.Errorf("the agent still probes after the outage")
 	}
 }
 
-// Only a probe that gets no answer, or a 5xx, holds the informers: an API
-// server that answers 401 or 403 to /readyz is there.
+// TestKubernetesInvalidSpecReported: a RateLimit the schema admits but the
+// agent rejects is reported as invalid; the others are not.
+func TestKubernetesInvalidSpecReported(t *testing.T) {
+	env := sharedEnv(t)
+	ns := env.Namespace(t)
+	createRL(t, env, rateLimit("bad-horizon", map[string]any{
+		"rate": int64(90), "scope": "nodes", "action": "pace", "attach": "uplink", "horizon": "10s",
+		"match": map[string]any{"direction": "egress"},
+	}))
+	createRL(t, env, rateLimit("good", map[string]any{"rate": int64(5), "scope": "nodes", "match": map[string]any{}}))
+	s := startSource(t, env, ns, "node-a")
+	waitUntil(t, "both limits", func() bool { ls, _ := s.k.Limits(); return len(ls) >= 2 })
+	_, invalid := s.k.Limits()
+	if invalid["bad-horizon"] == nil || !strings.Contains(invalid["bad-horizon"].Error(), "horizon") || invalid["good"] != nil {
+		t.Fatalf("invalid = %v, want only bad-horizon, for its horizon", invalid)
+	}
+}
+
 func TestNotAnswering(t *testing.T) {
 	gr := schema.GroupResource{}
 	for _, tc := range []struct {
@@ -218,16 +413,5 @@ func TestNotAnswering(t *testing.T) {
 		if got := notAnswering(tc.err); got != tc.want {
 			t.Errorf("notAnswering(%v) = %v, want %v", tc.err, got, tc.want)
 		}
-	}
-}
-
-func TestKubernetesInvalidSpecReported(t *testing.T) {
-	h := newHarness(t)
-	h.createRL(t, rateLimit("bad", map[string]any{"rate": int64(0), "scope": "nodes", "match": map[string]any{}}))
-	h.createRL(t, rateLimit("good", map[string]any{"rate": int64(5), "scope": "nodes", "match": map[string]any{}}))
-	waitFor(t, func() bool { ls, _ := h.k.Limits(); return len(ls) == 2 })
-	_, invalid := h.k.Limits()
-	if invalid["bad"] == nil || invalid["good"] != nil {
-		t.Fatalf("invalid = %v, want only bad", invalid)
 	}
 }

@@ -2,117 +2,211 @@ package watcher
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/dynamic"
 
 	"github.com/rlagent/rlagent/api/v1alpha1"
+	"github.com/rlagent/rlagent/internal/k8stest"
 )
 
-// Two agents report on one RateLimit: the condition converges on the worst
-// report, a node's report is not overwritten by another node's milder one,
-// and a node clears its own report when it recovers.
-func TestReportStatusConverges(t *testing.T) {
-	h := newHarness(t) // node-a
-	b := NewKubernetes(KubernetesConfig{
-		Client: h.cs, Dynamic: h.dyn, NodeName: "node-b", Log: quietLog(),
-		Probe: func(context.Context) error { return nil },
-	})
+// agentStatus is one agent's status side: its source, its reporter and its
+// candidacy for writing.
+type agentStatus struct {
+	*source
+	rep    *Reporter
+	w      *StatusWriter
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func startStatus(t *testing.T, env *k8stest.Env, ns, node string) *agentStatus {
+	t.Helper()
+	a := &agentStatus{source: startSource(t, env, ns, node), done: make(chan struct{})}
+	a.rep = NewReporter(a.k)
+	a.w = NewStatusWriter(a.k, StatusConfig{Identity: node, Log: quietLog()})
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { b.Run(ctx, func() {}); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
-	waitFor(t, b.Synced)
-	h.createRL(t, rateLimit("x", map[string]any{"rate": int64(5), "scope": "nodes", "match": map[string]any{}}))
+	a.cancel = cancel
+	go func() { a.w.Run(ctx); close(a.done) }()
+	t.Cleanup(a.stop)
+	return a
+}
 
-	// cond reads the condition as an agent's cache holds it.
-	cond := func(k *Kubernetes) (status, reason, message string) {
-		obj, ok, _ := k.rlInformer.GetStore().GetByKey("x")
-		if !ok {
-			return "", "", ""
-		}
-		c := map[string]any{}
-		if conds, _, _ := unstructured.NestedSlice(obj.(*unstructured.Unstructured).Object, "status", "conditions"); len(conds) == 1 {
-			c, _ = conds[0].(map[string]any)
-		}
-		return fmt.Sprint(c["status"]), fmt.Sprint(c["reason"]), fmt.Sprint(c["message"])
+func (a *agentStatus) stop() {
+	a.cancel()
+	<-a.done
+	a.rep.Close()
+}
+
+// statusOf reads a RateLimit's status from the API server.
+func statusOf(t *testing.T, rl dynamic.ResourceInterface, name string) (v1alpha1.RateLimitStatus, int64) {
+	t.Helper()
+	u, err := rl.Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
 	}
-	// report has k report v, then waits until both caches show want.
-	report := func(k *Kubernetes, v Verdict, wantStatus, wantReason, wantMessage string) {
+	var st v1alpha1.RateLimitStatus
+	raw, _, _ := unstructured.NestedMap(u.Object, "status")
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(raw, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st, u.GetGeneration()
+}
+
+// TestStatusOneWriter: of three agents, one holds the Lease and writes
+// RateLimit status; a count change is one status write, whatever the
+// number of agents. Node reports (Events) reach the condition: the worst
+// report stands, with how many other nodes report a problem, and
+// lastTransitionTime moves only when the condition's status does. When the
+// writer stops, another agent takes over and writes the next change.
+func TestStatusOneWriter(t *testing.T) {
+	env := sharedEnv(t)
+	ns := env.Namespace(t)
+	setDaemonSet(t, env, ns, "rlagent", 3, 3)
+	obj := createRL(t, env, rateLimit("one-writer", map[string]any{"rate": int64(90), "scope": "nodes", "match": map[string]any{}}))
+	rl := dynamic.NewForConfigOrDie(env.Config).Resource(RateLimitResource)
+
+	// Every status write of the RateLimit, as a watch sees it.
+	w, err := rl.Watch(context.Background(), metav1.ListOptions{FieldSelector: "metadata.name=one-writer", ResourceVersion: obj.GetResourceVersion()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	var writes atomic.Int64
+	go func() {
+		for ev := range w.ResultChan() {
+			if ev.Type == watch.Modified {
+				writes.Add(1)
+			}
+		}
+	}()
+
+	var agents []*agentStatus
+	for _, node := range []string{"node-a", "node-b", "node-c"} {
+		agents = append(agents, startStatus(t, env, ns, node))
+	}
+	leader := func() *agentStatus {
+		var l *agentStatus
+		waitUntil(t, "one writer", func() bool {
+			l = nil
+			n := 0
+			for _, a := range agents {
+				if a.w.Leading() {
+					l, n = a, n+1
+				}
+			}
+			return n == 1
+		})
+		return l
+	}
+	lead := leader()
+	t.Logf("writer: %s", lead.w.cfg.Identity)
+
+	cond := func() (*metav1.Condition, int32) {
+		st, _ := statusOf(t, rl, "one-writer")
+		return meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionAccepted), st.Replicas
+	}
+	waitStatus := func(what, status, reason, msg string, replicas int32) *metav1.Condition {
 		t.Helper()
-		waitFor(t, func() bool { _, ok, _ := k.rlInformer.GetStore().GetByKey("x"); return ok })
-		if err := k.ReportStatus(context.Background(), "x", v, 2); err != nil {
-			t.Fatalf("%s reports %+v: %v", k.cfg.NodeName, v, err)
-		}
-		deadline := time.Now().Add(5 * time.Second)
-		for {
-			sa, ra, ma := cond(h.k)
-			sb, rb, mb := cond(b)
-			if sa == wantStatus && ra == wantReason && strings.HasPrefix(ma, wantMessage) && sa == sb && ra == rb && ma == mb {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("after %s reports %+v: condition %s %s %q (node-b's cache: %s %s %q), want %s %s %q",
-					k.cfg.NodeName, v, sa, ra, ma, sb, rb, mb, wantStatus, wantReason, wantMessage)
-			}
-			time.Sleep(10 * time.Millisecond)
+		var c *metav1.Condition
+		waitUntil(t, what, func() bool {
+			var n int32
+			c, n = cond()
+			return c != nil && string(c.Status) == status && c.Reason == reason && strings.HasPrefix(c.Message, msg) && n == replicas
+		})
+		t.Logf("%s: %s %s %q, replicas %d", what, c.Status, c.Reason, c.Message, replicas)
+		return c
+	}
+	first := waitStatus("created", "True", v1alpha1.ReasonValid, "", 3)
+
+	// A count change: one write.
+	time.Sleep(time.Second) // the first writes settle
+	before := writes.Load()
+	setDaemonSet(t, env, ns, "rlagent", 2, 3)
+	waitStatus("count 2", "True", v1alpha1.ReasonValid, "", 2)
+	time.Sleep(2 * time.Second) // time for any other write to show
+	if n := writes.Load() - before; n != 1 {
+		t.Errorf("one count change, %d status writes; want 1", n)
+	}
+
+	// Node reports.
+	cur := func() *unstructured.Unstructured { return agents[0].k.RateLimit("one-writer") }
+	agents[1].rep.Report(cur(), Verdict{NotApplied: "the data path holds 128 limits"}, time.Now())
+	c := waitStatus("node-b does not fit", "False", v1alpha1.ReasonDoesNotFit, "node node-b: the data path holds 128 limits", 2)
+	if !c.LastTransitionTime.After(first.LastTransitionTime.Time) {
+		t.Errorf("True -> False kept lastTransitionTime %v", c.LastTransitionTime)
+	}
+	agents[2].rep.Report(cur(), Verdict{Clamped: "share clamped to 4000000000/s"}, time.Now())
+	waitStatus("node-c clamped too", "False", v1alpha1.ReasonDoesNotFit, "node node-b: the data path holds 128 limits (and 1 more node(s)", 2)
+	agents[1].rep.Report(cur(), Verdict{}, time.Now())
+	c2 := waitStatus("node-b applied", "True", v1alpha1.ReasonClamped, "node node-c: share clamped", 2)
+	agents[2].rep.Report(cur(), Verdict{}, time.Now())
+	c3 := waitStatus("node-c applied", "True", v1alpha1.ReasonValid, "", 2)
+	if !c3.LastTransitionTime.Equal(&c2.LastTransitionTime) {
+		t.Errorf("True (Clamped) -> True (Valid) moved lastTransitionTime from %v to %v", c2.LastTransitionTime, c3.LastTransitionTime)
+	}
+
+	// The writer goes: another takes over.
+	lead.stop()
+	var rest []*agentStatus
+	for _, a := range agents {
+		if a != lead {
+			rest = append(rest, a)
 		}
 	}
-	const noRoom = "does not fit: the data path holds 128 limits"
-	report(h.k, Verdict{}, "True", v1alpha1.ReasonValid, "")
-	report(b, Verdict{NotApplied: noRoom}, "False", v1alpha1.ReasonDoesNotFit, "node node-b: "+noRoom)
-	// node-a's milder reports leave node-b's.
-	report(h.k, Verdict{}, "False", v1alpha1.ReasonDoesNotFit, "node node-b: ")
-	report(h.k, Verdict{Clamped: "clamped"}, "False", v1alpha1.ReasonDoesNotFit, "node node-b: ")
-	// As severe, another node's: left too.
-	report(h.k, Verdict{NotApplied: "other"}, "False", v1alpha1.ReasonDoesNotFit, "node node-b: ")
-	// node-b recovers: it clears its own report; node-a's clamp then shows.
-	report(b, Verdict{}, "True", v1alpha1.ReasonValid, "")
-	report(h.k, Verdict{Clamped: "clamped"}, "True", v1alpha1.ReasonClamped, "node node-a: clamped")
-	// A fallback to the uplink is as severe as a clamp: the first stays.
-	report(b, Verdict{AtUplink: "enforced at the uplink: endpoint 10.0.0.5 has no interface of its own"}, "True",
-		v1alpha1.ReasonClamped, "node node-a: clamped")
-	report(h.k, Verdict{}, "True", v1alpha1.ReasonValid, "")
-	report(b, Verdict{AtUplink: "enforced at the uplink: endpoint 10.0.0.5 has no interface of its own"}, "True",
-		v1alpha1.ReasonEnforcedAtUplink, "node node-b: enforced at the uplink: endpoint 10.0.0.5 has no interface of its own")
-	report(h.k, Verdict{Clamped: "clamped", AtUplink: "enforced at the uplink: x"}, "True",
-		v1alpha1.ReasonEnforcedAtUplink, "node node-b: ")
-	report(b, Verdict{}, "True", v1alpha1.ReasonValid, "")
-	report(h.k, Verdict{Clamped: "clamped", AtUplink: "enforced at the uplink: x"}, "True", v1alpha1.ReasonClamped,
-		"node node-a: clamped; enforced at the uplink: x")
-	// Pacing ineffective on a node is as severe too.
-	report(h.k, Verdict{}, "True", v1alpha1.ReasonValid, "")
-	report(b, Verdict{PaceIneffective: "paced packets are not held to their departure time on eth0: root qdisc is fq_codel"}, "True",
-		v1alpha1.ReasonPaceIneffective, "node node-b: paced packets are not held to their departure time on eth0: root qdisc is fq_codel")
-	report(b, Verdict{}, "True", v1alpha1.ReasonValid, "")
-	// An invalid spec is worse than all.
-	report(b, Verdict{Invalid: errors.New("spec.rate: bad")}, "False", v1alpha1.ReasonInvalid, "spec.rate: bad")
-	report(h.k, Verdict{Clamped: "clamped"}, "False", v1alpha1.ReasonInvalid, "spec.rate: bad")
+	agents = rest
+	took := time.Now()
+	next := leader()
+	t.Logf("%s took over from %s in %v", next.w.cfg.Identity, lead.w.cfg.Identity, time.Since(took).Round(time.Millisecond))
+	setDaemonSet(t, env, ns, "rlagent", 1, 3)
+	waitStatus("count 1, new writer", "True", v1alpha1.ReasonValid, "", 1)
+}
 
-	// Nothing to write when nothing changed.
-	writes := func() (n int) {
-		for _, a := range h.dyn.Actions() {
-			if a.GetVerb() == "update" && a.GetSubresource() == "status" {
+// TestStatusInvalid: the writer writes Accepted=False, reason Invalid, with
+// the validation error, for a RateLimit the schema admits and the agents
+// reject.
+func TestStatusInvalid(t *testing.T) {
+	env := sharedEnv(t)
+	ns := env.Namespace(t)
+	createRL(t, env, rateLimit("status-invalid", map[string]any{
+		"rate": int64(90), "scope": "nodes", "action": "pace", "attach": "uplink", "horizon": "10s",
+		"match": map[string]any{"direction": "egress"},
+	}))
+	startStatus(t, env, ns, "node-a")
+	rl := dynamic.NewForConfigOrDie(env.Config).Resource(RateLimitResource)
+	waitUntil(t, "Accepted=False, Invalid", func() bool {
+		st, gen := statusOf(t, rl, "status-invalid")
+		c := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionAccepted)
+		return c != nil && c.Status == metav1.ConditionFalse && c.Reason == v1alpha1.ReasonInvalid &&
+			strings.Contains(c.Message, "horizon") && c.ObservedGeneration == gen && st.ObservedGeneration == gen
+	})
+}
+
+// TestCandidates: about Candidates agents stand for election whatever the
+// cluster's size, and every agent of a small cluster does.
+func TestCandidates(t *testing.T) {
+	for _, desired := range []int{1, 3, 8, 100, 1000, 5000} {
+		n := 0
+		for i := range desired {
+			if candidate(fmt.Sprintf("node-%05d", i), desired, 8) {
 				n++
 			}
 		}
-		return n
-	}
-	before := writes()
-	if before == 0 {
-		t.Fatal("no status write recorded: the test cannot tell a write from none")
-	}
-	if err := h.k.ReportStatus(context.Background(), "x", Verdict{Clamped: "clamped"}, 2); err != nil {
-		t.Fatal(err)
-	}
-	if err := b.ReportStatus(context.Background(), "x", Verdict{}, 2); err != nil {
-		t.Fatal(err)
-	}
-	if n := writes() - before; n != 0 {
-		t.Errorf("unchanged reports wrote the status %d times", n)
+		t.Logf("%d nodes: %d candidates", desired, n)
+		if desired <= 8 && n != desired {
+			t.Errorf("%d nodes: %d candidates, want all", desired, n)
+		}
+		if desired > 8 && (n < 2 || n > 24) {
+			t.Errorf("%d nodes: %d candidates, want about 8", desired, n)
+		}
 	}
 }

@@ -551,12 +551,13 @@ func TestDaemonSet(t *testing.T) {
 }
 
 // TestRBAC checks that the agents get exactly the rights docs/kubernetes.md
-// lists: read RateLimits and EndpointSlices, write RateLimit status only,
-// read their own pods and DaemonSet in their namespace.
+// lists: read RateLimits and EndpointSlices, write RateLimit status only;
+// in their namespace read their DaemonSet and hold the status writer's
+// Lease; in default create and read Events (those of RateLimits).
 func TestRBAC(t *testing.T) {
 	d := readDeployment(t)
-	if len(d.clusterRoles) != 1 || len(d.roles) != 1 || len(d.clusterRoleBindings) != 1 || len(d.roleBindings) != 1 || len(d.serviceAccounts) != 1 {
-		t.Fatalf("want one ClusterRole, Role, ClusterRoleBinding, RoleBinding and ServiceAccount")
+	if len(d.clusterRoles) != 1 || len(d.roles) != 2 || len(d.clusterRoleBindings) != 1 || len(d.roleBindings) != 2 || len(d.serviceAccounts) != 1 {
+		t.Fatalf("want one ClusterRole, ClusterRoleBinding and ServiceAccount, two Roles and RoleBindings")
 	}
 	read := []string{"get", "list", "watch"}
 	if want := []rbacv1.PolicyRule{
@@ -570,28 +571,42 @@ func TestRBAC(t *testing.T) {
 	if len(d.daemonSets) == 1 {
 		ds = d.daemonSets[0].Name
 	}
-	role := d.roles[0]
-	if role.Namespace != agentNamespace {
-		t.Errorf("Role in %q, want %q", role.Namespace, agentNamespace)
+	want := map[string][]rbacv1.PolicyRule{
+		agentNamespace: {
+			{APIGroups: []string{"apps"}, Resources: []string{"daemonsets"}, ResourceNames: []string{ds}, Verbs: read},
+			{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"create"}},
+			{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, ResourceNames: []string{"rlagent-status"}, Verbs: []string{"get", "update"}},
+		},
+		"default": {
+			{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create", "patch", "list", "watch"}},
+		},
 	}
-	if want := []rbacv1.PolicyRule{
-		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: read},
-		{APIGroups: []string{"apps"}, Resources: []string{"daemonsets"}, ResourceNames: []string{ds}, Verbs: []string{"get"}},
-	}; !reflect.DeepEqual(role.Rules, want) {
-		t.Errorf("Role rules\n%+v\nwant\n%+v", role.Rules, want)
-	}
-
 	sa := d.serviceAccounts[0]
 	subject := []rbacv1.Subject{{Kind: "ServiceAccount", Name: sa.Name, Namespace: sa.Namespace}}
-	crb, rb := d.clusterRoleBindings[0], d.roleBindings[0]
+	for _, role := range d.roles {
+		rules, ok := want[role.Namespace]
+		if !ok {
+			t.Errorf("Role %s in %q, want one in %q and one in default", role.Name, role.Namespace, agentNamespace)
+			continue
+		}
+		delete(want, role.Namespace)
+		if !reflect.DeepEqual(role.Rules, rules) {
+			t.Errorf("Role %s/%s rules\n%+v\nwant\n%+v", role.Namespace, role.Name, role.Rules, rules)
+		}
+		bound := false
+		for _, rb := range d.roleBindings {
+			bound = bound || rb.Namespace == role.Namespace &&
+				rb.RoleRef == (rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: role.Name}) &&
+				reflect.DeepEqual(rb.Subjects, subject)
+		}
+		if !bound {
+			t.Errorf("no RoleBinding binds the Role %s/%s to %+v", role.Namespace, role.Name, subject)
+		}
+	}
+	crb := d.clusterRoleBindings[0]
 	if crb.RoleRef != (rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: d.clusterRoles[0].Name}) ||
 		!reflect.DeepEqual(crb.Subjects, subject) {
 		t.Errorf("ClusterRoleBinding %+v does not bind the ClusterRole to %+v", crb, subject)
-	}
-	if rb.Namespace != agentNamespace ||
-		rb.RoleRef != (rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: role.Name}) ||
-		!reflect.DeepEqual(rb.Subjects, subject) {
-		t.Errorf("RoleBinding %+v does not bind the Role to %+v in %s", rb, subject, agentNamespace)
 	}
 }
 

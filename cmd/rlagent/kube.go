@@ -13,7 +13,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
@@ -57,16 +56,19 @@ func (k *kubeFlags) config() (*rest.Config, error) {
 // clusterFlags are run's flags for the Kubernetes source.
 type clusterFlags struct {
 	kubeFlags
-	node     string
-	ns       string
-	selector string
+	node      string
+	ns        string
+	daemonSet string
+	pod       string
 }
 
 func (c *clusterFlags) register(cmd *cobra.Command) {
 	c.kubeFlags.register(cmd)
 	cmd.Flags().StringVar(&c.node, "node-name", os.Getenv("NODE_NAME"), "this node's name, for the service scope (default $NODE_NAME)")
-	cmd.Flags().StringVar(&c.ns, "agent-namespace", os.Getenv("POD_NAMESPACE"), "namespace of the agents' pods, for the nodes scope (default $POD_NAMESPACE)")
-	cmd.Flags().StringVar(&c.selector, "agent-selector", "app.kubernetes.io/name=rlagent", "label selector of the agents' pods, for the nodes scope")
+	cmd.Flags().StringVar(&c.ns, "agent-namespace", os.Getenv("POD_NAMESPACE"),
+		"namespace of the agents' DaemonSet (the nodes scope's count) and of the Lease that elects the status writer (default $POD_NAMESPACE)")
+	cmd.Flags().StringVar(&c.daemonSet, "agent-daemonset", "rlagent", "the agents' DaemonSet: the nodes scope divides by its ready pods (status.numberReady)")
+	cmd.Flags().StringVar(&c.pod, "pod-name", os.Getenv("POD_NAME"), "this agent's name in the status writer's election (default $POD_NAME, else the host name)")
 }
 
 // source returns the Kubernetes source, or nil outside a cluster.
@@ -78,9 +80,8 @@ func (c *clusterFlags) source(log *slog.Logger) (*watcher.Kubernetes, error) {
 	if c.node == "" {
 		return nil, errors.New("--node-name: required in a cluster (set NODE_NAME from the downward API)")
 	}
-	sel, err := labels.Parse(c.selector)
-	if err != nil {
-		return nil, fmt.Errorf("--agent-selector: %w", err)
+	if c.ns == "" {
+		return nil, errors.New("--agent-namespace: required in a cluster (set POD_NAMESPACE from the downward API)")
 	}
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
@@ -92,7 +93,7 @@ func (c *clusterFlags) source(log *slog.Logger) (*watcher.Kubernetes, error) {
 	}
 	return watcher.NewKubernetes(watcher.KubernetesConfig{
 		Client: cs, Dynamic: dyn, NodeName: c.node,
-		AgentNamespace: c.ns, AgentSelector: sel, Log: log,
+		AgentNamespace: c.ns, AgentDaemonSet: c.daemonSet, Log: log,
 	}), nil
 }
 

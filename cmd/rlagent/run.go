@@ -72,7 +72,7 @@ A stale count is reported there as a note but keeps the agent ready.`,
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
-			return agent.Run(ctx, agent.Options{ConfigPath: config, Log: log, Kubernetes: k8s, APIServer: api,
+			return agent.Run(ctx, agent.Options{ConfigPath: config, Log: log, Kubernetes: k8s, APIServer: api, Identity: cluster.pod,
 				PinDir: pinDir, EphemeralPins: ephemeral, Ready: func(addr string) {
 					log.Info("ready", "metrics", addr)
 				}})

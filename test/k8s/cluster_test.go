@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -39,10 +40,10 @@ const (
 	svcPort     = 5353
 )
 
-// agentLabel labels the agents' pods of a test (value: the test's
-// namespace); the agents count the ready ones for scope nodes. The test
-// creates them: there is no kubelet.
-const agentLabel = "rlagent.io/test-agent"
+// agentDaemonSet is the agents' DaemonSet in a test's namespace: its
+// status.numberReady is the count of scope nodes. The test creates it and
+// writes its status: there is no controller-manager or kubelet.
+const agentDaemonSet = "rlagent"
 
 // maxLocal is how many endpoint addresses each node's B side holds.
 const maxLocal = 4
@@ -264,7 +265,8 @@ func startCluster(t testing.TB, env *k8stest.Env, ns string, n int) *cluster {
 			"--kubeconfig", env.Kubeconfig,
 			"--node-name", nd.name,
 			"--agent-namespace", ns,
-			"--agent-selector", agentLabel+"="+ns,
+			"--agent-daemonset", agentDaemonSet,
+			"--pod-name", "rlagent-"+nd.name,
 			"--log-level", "debug")
 		c.nodes = append(c.nodes, nd)
 	}
@@ -272,6 +274,43 @@ func startCluster(t testing.TB, env *k8stest.Env, ns string, n int) *cluster {
 		nd.agent.WaitAttached(30 * time.Second)
 	}
 	return c
+}
+
+// setAgents writes the status of the agents' DaemonSet as its controller
+// would, ready of desired pods ready (desired: the cluster's nodes),
+// creating it first if needed.
+func (c *cluster) setAgents(ready int) {
+	c.t.Helper()
+	setDaemonSetReady(c.t, c.env, c.ns, agentDaemonSet, ready, max(ready, len(c.nodes)))
+}
+
+// setDaemonSetReady writes a DaemonSet's status.numberReady and
+// desiredNumberScheduled, creating the DaemonSet first if needed.
+func setDaemonSetReady(t testing.TB, env *k8stest.Env, ns, name string, ready, desired int) {
+	t.Helper()
+	dss := env.Clientset().AppsV1().DaemonSets(ns)
+	ds, err := dss.Get(t.Context(), name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		labels := map[string]string{"app": name}
+		ds, err = dss.Create(t.Context(), &appsv1.DaemonSet{
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: appsv1.DaemonSetSpec{
+				Selector: &metav1.LabelSelector{MatchLabels: labels},
+				Template: corev1.PodTemplateSpec{
+					ObjectMeta: metav1.ObjectMeta{Labels: labels},
+					Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "rlagent", Image: "ghcr.io/rlagent/rlagent:test"}}},
+				},
+			},
+		}, metav1.CreateOptions{})
+	}
+	if err != nil {
+		t.Fatalf("DaemonSet %s/%s: %v", ns, name, err)
+	}
+	ds.Status.NumberReady, ds.Status.DesiredNumberScheduled = int32(ready), int32(desired)
+	ds.Status.CurrentNumberScheduled, ds.Status.NumberAvailable = int32(desired), int32(ready)
+	if _, err := dss.UpdateStatus(t.Context(), ds, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("DaemonSet %s/%s: %d of %d ready: %v", ns, name, ready, desired, err)
+	}
 }
 
 // addEndpointAddresses puts the node's endpoint addresses on B's veth and

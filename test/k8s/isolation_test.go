@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/rlagent/rlagent/api/v1alpha1"
@@ -17,8 +16,8 @@ import (
 // TestLimitThatDoesNotFit: one RateLimit more than the data path holds
 // (MaxLimits + 1, scope nodes) gets Accepted=False with reason DoesNotFit
 // and a message that names the node and says why, on three real agents;
-// the others are enforced and still follow the count (the ready agent
-// pods) on every node. When a place frees up, the limit that did not fit is
+// the others are enforced and still follow the count (the agents'
+// DaemonSet's ready pods) on every node. When a place frees up, the limit that did not fit is
 // applied everywhere and its condition turns True.
 //
 // On the code before per-limit isolation, the one limit too many failed
@@ -45,7 +44,7 @@ func TestLimitThatDoesNotFit(t *testing.T) {
 	}
 	t.Logf("%d RateLimits created in %s", n, ms(time.Since(created)))
 	all3 := func(w want) []want { return []want{w, w, w} }
-	// No agent pod is ready: a count of 0 divides as 1.
+	// No agents' DaemonSet yet: a count of 0 divides as 1.
 	for _, l := range []string{name(0), name(n - 2)} {
 		a, err := c.waitShares(l, all3(want{share: rate}), created, 30*time.Second)
 		if err != nil {
@@ -59,28 +58,14 @@ func TestLimitThatDoesNotFit(t *testing.T) {
 		}
 	}
 
-	// Each agent writes the status of every RateLimit in turn, at its
+	// The writer writes the status of every RateLimit in turn, at its
 	// client's 5 requests/s: a round over 129 objects takes ~26 s.
 	waitAccepted(t, rl, 90*time.Second, last, "False", v1alpha1.ReasonDoesNotFit, "node node-", fmt.Sprintf("holds %d limits", maps.MaxLimits))
 	waitAccepted(t, rl, 90*time.Second, name(0), "True", v1alpha1.ReasonValid)
 
 	// The count changes: every limit that fits follows it on every node.
-	pods := env.Clientset().CoreV1().Pods(ns)
 	started := time.Now()
-	for i := 1; i <= 3; i++ {
-		p, err := pods.Create(t.Context(), &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("agent-%d", i), Labels: map[string]string{agentLabel: ns}},
-			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "rlagent", Image: "ghcr.io/rlagent/rlagent:test"}}},
-		}, metav1.CreateOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		p.Status.Phase = corev1.PodRunning
-		p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: metav1.Now()}}
-		if _, err := pods.UpdateStatus(t.Context(), p, metav1.UpdateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	c.setAgents(3)
 	three := want{share: rate / 3, replicas: 3, local: 1}
 	for _, l := range []string{name(0), name(n - 2)} {
 		a, err := c.waitShares(l, all3(three), started, 15*time.Second)

@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/rlagent/rlagent/internal/k8stest"
@@ -17,12 +15,13 @@ import (
 )
 
 // TestNodesScope: a limit of scope nodes, created with `rlagent limits set
-// --kubeconfig`, is divided by the ready agents: the pods in the agents'
-// namespace that --agent-selector selects (the test creates them and sets
-// their Ready condition: there is no kubelet). Every agent's share follows
-// as pods become ready, not ready, and go away; a ready pod the selector
-// does not select does not count. `rlagent limits get` and `list` show the
-// object, and `rlagent limits delete` removes it from every agent.
+// --kubeconfig`, is divided by the ready agents: status.numberReady of the
+// agents' DaemonSet (--agent-daemonset in --agent-namespace; the test writes
+// its status as the DaemonSet controller would: there is no controller-
+// manager). Every agent's share follows as agents become ready, not ready,
+// and go away; another DaemonSet in the namespace does not count. `rlagent
+// limits get` and `list` show the object, and `rlagent limits delete`
+// removes it from every agent.
 func TestNodesScope(t *testing.T) {
 	testenv.RequireRoot(t)
 	env := k8stest.Shared(t)
@@ -35,70 +34,30 @@ func TestNodesScope(t *testing.T) {
 	deleteInCleanup(t, env, name) // if the test ends before limits delete
 	created := time.Now()
 	c.rlagent("limits", "set", name, "--rate", fmt.Sprint(rate), "--scope", "nodes", "--protocol", "udp", "--dst-ports", fmt.Sprint(svcPort))
-	// No agent pod is ready yet: a count below 1 divides by 1.
+	// No DaemonSet yet: a count below 1 divides by 1.
 	all3 := func(w want) []want { return []want{w, w, w} }
 	a, err := c.waitShares(name, all3(want{share: rate, replicas: 0, local: 0}), created, 10*time.Second)
 	if err != nil {
 		t.Fatalf("limits set: %v", err)
 	}
-	t.Logf("limits set, with no ready agent pod (a count of 0 divides as 1): %v", a)
-
-	pods := env.Clientset().CoreV1().Pods(ns)
-	// Readiness as the kubelet would report it.
-	setReady := func(pod string, ready bool) {
-		t.Helper()
-		p, err := pods.Get(t.Context(), pod, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		status := corev1.ConditionFalse
-		if ready {
-			status = corev1.ConditionTrue
-		}
-		p.Status.Phase = corev1.PodRunning
-		p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: status, LastTransitionTime: metav1.Now()}}
-		if _, err := pods.UpdateStatus(t.Context(), p, metav1.UpdateOptions{}); err != nil {
-			t.Fatalf("set %s ready=%v: %v", pod, ready, err)
-		}
-	}
-	createPod := func(pod string, labels map[string]string, ready bool) {
-		t.Helper()
-		_, err := pods.Create(t.Context(), &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Name: pod, Labels: labels},
-			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "rlagent", Image: "ghcr.io/rlagent/rlagent:test"}}},
-		}, metav1.CreateOptions{})
-		if err != nil {
-			t.Fatalf("create pod %s: %v", pod, err)
-		}
-		setReady(pod, ready)
-	}
-	agentPod := map[string]string{agentLabel: ns}
+	t.Logf("limits set, with no agents' DaemonSet (a count of 0 divides as 1): %v", a)
 
 	steps := []struct {
 		what   string
 		change func()
 		ready  uint32
 	}{
-		{"3 agent pods ready", func() {
-			for i := 1; i <= 3; i++ {
-				createPod(fmt.Sprintf("agent-%d", i), agentPod, true)
-			}
-			// Ready, but not an agent pod: it must not count. (The next steps
-			// prove it: the agents see the pod events in order, so they have
-			// seen this one when they count agent-2's change.)
-			createPod("other", map[string]string{"app": "other"}, true)
+		{"3 agents ready", func() {
+			// Ready, but not the agents' DaemonSet: it must not count.
+			// (The agents' watch selects their DaemonSet by name: they
+			// never see this one.)
+			setDaemonSetReady(t, env, ns, "other", 7, 7)
+			c.setAgents(3)
 		}, 3},
-		{"agent-2 not ready", func() { setReady("agent-2", false) }, 2},
-		{"agent-4 and agent-5 created ready", func() {
-			createPod("agent-4", agentPod, true)
-			createPod("agent-5", agentPod, true)
-		}, 4},
-		{"agent-2 ready again", func() { setReady("agent-2", true) }, 5},
-		{"agent-1 deleted", func() {
-			if err := pods.Delete(t.Context(), "agent-1", metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
-				t.Fatal(err)
-			}
-		}, 4},
+		{"one agent not ready", func() { c.setAgents(2) }, 2},
+		{"two more agents ready", func() { c.setAgents(4) }, 4},
+		{"5 ready", func() { c.setAgents(5) }, 5},
+		{"one gone", func() { c.setAgents(4) }, 4},
 	}
 	for _, s := range steps {
 		started := time.Now()

@@ -1,0 +1,546 @@
+package watcher
+
+import (
+	"context"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"maps"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
+
+	"github.com/rlagent/rlagent/api/v1alpha1"
+)
+
+// Status in a cluster: one writer, many reporters.
+//
+// Every agent reports what became of each limit on its node when that is
+// not plainly "applied" (it did not fit, it was clamped, it runs at the
+// uplinks instead of the endpoints, its pacing has no fq), as an Event on
+// the RateLimit: client-go's event recorder deduplicates repeats into one
+// Event's count and rate-limits a node that reports too much. One agent,
+// elected with a Lease, writes each RateLimit's status: the count, and the
+// Accepted condition, which reflects the worst node report for the current
+// generation. Writes then grow with the changes, not with the nodes.
+
+// Annotations of a node report, read by the writer.
+const (
+	annotationNode       = "rlagent.io/node"
+	annotationGeneration = "rlagent.io/generation"
+	// annotationReported is when the node made the report, in Unix
+	// nanoseconds: Event times count whole seconds, and a node's reports
+	// within one second must keep their order.
+	annotationReported = "rlagent.io/reported"
+)
+
+// ReasonApplied is a node report that clears an earlier one.
+const ReasonApplied = "Applied"
+
+// reportTTL is how long a node report stands without being made again. A
+// node reports its problems again every reportEvery, so a report older
+// than reportTTL is of a node that recovered without saying so (its agent
+// restarted) or is gone.
+const (
+	reportEvery = 10 * time.Minute
+	reportTTL   = 3*reportEvery + time.Minute
+)
+
+// Verdict is what one node says of a limit it tried to apply.
+type Verdict struct {
+	// NotApplied says why this node could not apply the limit, or "".
+	NotApplied string
+	// Clamped says how this node clamped the limit's share, or "".
+	Clamped string
+	// AtUplink says why this node enforces a limit meant for its endpoints'
+	// interfaces at its uplinks, or "".
+	AtUplink string
+	// PaceIneffective says why this node's uplinks do not hold a paced
+	// limit's packets to their departure times (no fq), or "".
+	PaceIneffective string
+}
+
+// report is the reason, message and severity (higher is worse) of v;
+// reason Applied, severity 0, when there is nothing to say.
+func (v Verdict) report() (reason, message string, severity int) {
+	switch {
+	case v.NotApplied != "":
+		return v1alpha1.ReasonDoesNotFit, v.NotApplied, 2
+	case v.Clamped != "":
+		return v1alpha1.ReasonClamped, joinNotes(v.Clamped, v.AtUplink), 1
+	case v.AtUplink != "":
+		return v1alpha1.ReasonEnforcedAtUplink, v.AtUplink, 1
+	case v.PaceIneffective != "":
+		return v1alpha1.ReasonPaceIneffective, v.PaceIneffective, 1
+	}
+	return ReasonApplied, "", 0
+}
+
+func joinNotes(a, b string) string {
+	if b == "" {
+		return a
+	}
+	return a + "; " + b
+}
+
+// severity ranks a node report's reason as Verdict.report does.
+func severity(reason string) int {
+	switch reason {
+	case v1alpha1.ReasonDoesNotFit:
+		return 2
+	case v1alpha1.ReasonClamped, v1alpha1.ReasonEnforcedAtUplink, v1alpha1.ReasonPaceIneffective:
+		return 1
+	}
+	return 0
+}
+
+// Reporter sends this node's verdicts as Events on the RateLimits.
+type Reporter struct {
+	node        string
+	broadcaster record.EventBroadcaster
+	recorder    record.EventRecorder
+
+	mu   sync.Mutex
+	last map[string]sent // by limit name
+}
+
+type sent struct {
+	uid        types.UID
+	generation int64
+	reason     string
+	message    string
+	at         time.Time
+}
+
+// NewReporter returns a Reporter for node; Close stops it.
+func NewReporter(k *Kubernetes) *Reporter {
+	b := record.NewBroadcaster()
+	b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: k.cfg.Client.CoreV1().Events("")})
+	return &Reporter{
+		node:        k.cfg.NodeName,
+		broadcaster: b,
+		recorder:    b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "rlagent", Host: k.cfg.NodeName}),
+		last:        make(map[string]sent),
+	}
+}
+
+// Close flushes and stops the event broadcaster.
+func (r *Reporter) Close() { r.broadcaster.Shutdown() }
+
+// Report records v for the RateLimit obj if it differs from what this node
+// last reported for obj's generation, or if a problem was last reported
+// reportEvery ago. A node with nothing to report sends nothing, unless it
+// reported a problem before (then Applied, which clears it).
+func (r *Reporter) Report(obj *unstructured.Unstructured, v Verdict, now time.Time) {
+	reason, message, _ := v.report()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	prev, had := r.last[obj.GetName()]
+	same := had && prev.uid == obj.GetUID() && prev.generation == obj.GetGeneration()
+	switch {
+	case reason == ReasonApplied && (!same || prev.reason == ReasonApplied):
+		if !same {
+			delete(r.last, obj.GetName())
+		}
+		return // nothing reported for this generation, or already cleared
+	case same && prev.reason == reason && prev.message == message && (reason == ReasonApplied || now.Sub(prev.at) < reportEvery):
+		return
+	}
+	r.last[obj.GetName()] = sent{uid: obj.GetUID(), generation: obj.GetGeneration(), reason: reason, message: message, at: now}
+	ref := &corev1.ObjectReference{
+		APIVersion: v1alpha1.SchemeGroupVersion.String(), Kind: "RateLimit",
+		Name: obj.GetName(), UID: obj.GetUID(), ResourceVersion: obj.GetResourceVersion(),
+	}
+	typ := corev1.EventTypeWarning
+	if reason == ReasonApplied || reason == v1alpha1.ReasonEnforcedAtUplink {
+		typ = corev1.EventTypeNormal
+	}
+	if message == "" {
+		message = "applied"
+	}
+	r.recorder.AnnotatedEventf(ref, map[string]string{
+		annotationNode:       r.node,
+		annotationGeneration: strconv.FormatInt(obj.GetGeneration(), 10),
+		annotationReported:   strconv.FormatInt(now.UnixNano(), 10),
+	}, typ, reason, "node %s: %s", r.node, message)
+}
+
+// Forget drops what was reported of limits no longer present.
+func (r *Reporter) Forget(keep func(name string) bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for name := range r.last {
+		if !keep(name) {
+			delete(r.last, name)
+		}
+	}
+}
+
+// StatusConfig configures the status writer.
+type StatusConfig struct {
+	// Namespace and LeaseName are the Lease the candidates elect the writer
+	// with (the agents' namespace; default name rlagent-status).
+	Namespace string
+	LeaseName string
+	// Identity is this agent's in the election (its pod's name).
+	Identity string
+	// Candidates is about how many agents stand for election (default 8):
+	// an agent stands if its node's name hashes into a share of
+	// Candidates/desired agents of the DaemonSet. Every candidate asks for
+	// the Lease every RetryPeriod, so the election's load on the API server
+	// stays flat however many nodes there are; the chance that no agent
+	// stands is about e^-Candidates.
+	Candidates int
+	// Replicas is the count a limit of a static scope is divided by, from
+	// the agent's own count source.
+	Replicas func(l v1alpha1.Limit) int
+	Log      *slog.Logger
+}
+
+// StatusWriter writes RateLimit status from the agent that holds the Lease.
+type StatusWriter struct {
+	k   *Kubernetes
+	cfg StatusConfig
+	log *slog.Logger
+
+	mu      sync.Mutex
+	leading bool
+	queue   workqueue.TypedRateLimitingInterface[string]
+	events  cache.SharedIndexInformer
+}
+
+// NewStatusWriter returns a writer over k's limits and counts. Run starts it.
+func NewStatusWriter(k *Kubernetes, cfg StatusConfig) *StatusWriter {
+	if cfg.LeaseName == "" {
+		cfg.LeaseName = "rlagent-status"
+	}
+	if cfg.Candidates <= 0 {
+		cfg.Candidates = 8
+	}
+	if cfg.Log == nil {
+		cfg.Log = k.log
+	}
+	if cfg.Namespace == "" {
+		cfg.Namespace = k.cfg.AgentNamespace
+	}
+	w := &StatusWriter{k: k, cfg: cfg, log: cfg.Log}
+	k.OnChange(w.Changed)
+	return w
+}
+
+// candidate reports whether this node stands for election, with desired
+// agents in the cluster.
+func candidate(node string, desired, candidates int) bool {
+	groups := max(1, (desired+candidates-1)/candidates)
+	h := fnv.New32a()
+	h.Write([]byte(node))
+	return h.Sum32()%uint32(groups) == 0
+}
+
+// Leading reports whether this agent writes the status now.
+func (w *StatusWriter) Leading() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.leading
+}
+
+// Changed asks the writer, if leading, to look at every limit again.
+func (w *StatusWriter) Changed() {
+	w.mu.Lock()
+	q := w.queue
+	w.mu.Unlock()
+	if q == nil {
+		return
+	}
+	limits, _ := w.k.Limits()
+	for _, l := range limits {
+		q.Add(l.Name)
+	}
+}
+
+// Run stands for election while this node is a candidate, and writes while
+// it leads, until ctx ends.
+func (w *StatusWriter) Run(ctx context.Context) {
+	var stop context.CancelFunc
+	var done chan struct{}
+	t := time.NewTicker(10 * time.Second)
+	defer t.Stop()
+	for {
+		_, desired := w.k.Agents()
+		stand := w.k.Synced() && candidate(w.k.cfg.NodeName, desired, w.cfg.Candidates)
+		switch {
+		case stand && stop == nil:
+			var ectx context.Context
+			ectx, stop = context.WithCancel(ctx)
+			done = make(chan struct{})
+			go func() { defer close(done); w.elect(ectx) }()
+		case !stand && stop != nil:
+			stop()
+			<-done
+			stop = nil
+		}
+		select {
+		case <-ctx.Done():
+			if stop != nil {
+				stop()
+				<-done
+			}
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// elect runs one candidacy: leader election on the Lease until ctx ends.
+func (w *StatusWriter) elect(ctx context.Context) {
+	lock := &resourcelock.LeaseLock{
+		LeaseMeta:  metav1.ObjectMeta{Namespace: w.cfg.Namespace, Name: w.cfg.LeaseName},
+		Client:     w.k.cfg.Client.CoordinationV1(),
+		LockConfig: resourcelock.ResourceLockConfig{Identity: w.cfg.Identity},
+	}
+	for ctx.Err() == nil {
+		le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
+			Lock:            lock,
+			LeaseDuration:   15 * time.Second,
+			RenewDeadline:   10 * time.Second,
+			RetryPeriod:     2 * time.Second,
+			ReleaseOnCancel: true,
+			Name:            w.cfg.LeaseName,
+			Callbacks: leaderelection.LeaderCallbacks{
+				OnStartedLeading: w.lead,
+				OnStoppedLeading: func() {},
+			},
+		})
+		if err != nil {
+			w.log.Error("status writer election", "error", err)
+			return
+		}
+		le.Run(ctx) // returns when leadership is lost or ctx ends
+	}
+}
+
+// lead writes status until ctx ends (leadership lost, or stopping).
+func (w *StatusWriter) lead(ctx context.Context) {
+	w.log.Info("writing RateLimit status (this agent holds the Lease)", "lease", w.cfg.Namespace+"/"+w.cfg.LeaseName)
+	queue := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]())
+	evs := w.k.cfg.Client.CoreV1().Events(metav1.NamespaceDefault)
+	sel := fields.Set{"involvedObject.kind": "RateLimit", "source": "rlagent"}.AsSelector().String()
+	events := cache.NewSharedIndexInformer(&cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.FieldSelector = sel
+			return evs.List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.FieldSelector = sel
+			return evs.Watch(ctx, o)
+		},
+	}, &corev1.Event{}, 5*time.Minute, cache.Indexers{byLimit: func(obj any) ([]string, error) {
+		if e, ok := obj.(*corev1.Event); ok {
+			return []string{e.InvolvedObject.Name}, nil
+		}
+		return nil, nil
+	}})
+	events.AddEventHandler(handler(func(obj any) {
+		if e, ok := obj.(*corev1.Event); ok {
+			queue.Add(e.InvolvedObject.Name)
+		}
+	}))
+	go events.RunWithContext(ctx)
+	defer queue.ShutDown()
+	if !cache.WaitForCacheSync(ctx.Done(), events.HasSynced) {
+		return
+	}
+	w.mu.Lock()
+	w.leading, w.queue, w.events = true, queue, events
+	w.mu.Unlock()
+	defer func() {
+		w.mu.Lock()
+		w.leading, w.queue, w.events = false, nil, nil
+		w.mu.Unlock()
+	}()
+	w.Changed()
+	go func() {
+		// The reports expire: look at every limit again now and then.
+		t := time.NewTicker(time.Minute)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				queue.ShutDown()
+				return
+			case <-t.C:
+				w.Changed()
+			}
+		}
+	}()
+	for {
+		name, quit := queue.Get()
+		if quit {
+			return
+		}
+		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := w.sync(rctx, events, name)
+		cancel()
+		if err != nil {
+			w.log.Debug("RateLimit status not written; retrying", "limit", name, "error", err)
+			queue.AddRateLimited(name)
+		} else {
+			queue.Forget(name)
+		}
+		queue.Done(name)
+	}
+}
+
+const byLimit = "limit"
+
+// sync writes one RateLimit's status if it is not what the writer sees.
+func (w *StatusWriter) sync(ctx context.Context, events cache.SharedIndexInformer, name string) error {
+	obj, ok, err := w.k.rlInformer.GetStore().GetByKey(name)
+	if err != nil || !ok {
+		return err
+	}
+	cur, ok := obj.(*unstructured.Unstructured)
+	if !ok {
+		return nil
+	}
+	var old v1alpha1.RateLimitStatus
+	if raw, ok, _ := unstructured.NestedMap(cur.Object, "status"); ok {
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(raw, &old); err != nil {
+			old = v1alpha1.RateLimitStatus{} // unreadable: rewritten whole
+		}
+	}
+	next := old.DeepCopy()
+	gen := cur.GetGeneration()
+	next.ObservedGeneration = gen
+	cond := metav1.Condition{Type: v1alpha1.ConditionAccepted, ObservedGeneration: gen}
+
+	limits, invalid := w.k.Limits()
+	i := slices.IndexFunc(limits, func(l v1alpha1.Limit) bool { return l.Name == name })
+	if invalid[name] != nil {
+		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, v1alpha1.ReasonInvalid, invalid[name].Error()
+	} else {
+		cond.Status, cond.Reason, cond.Message = w.accepted(events, cur, time.Now())
+	}
+	// The count, also of a limit the agents reject: it says what the
+	// limit would be divided by.
+	if i >= 0 {
+		l := limits[i]
+		var n int
+		switch l.Scope {
+		case v1alpha1.ScopeNodes, v1alpha1.ScopeService:
+			n = w.k.Observe(name).Replicas
+		default:
+			if w.cfg.Replicas != nil {
+				n = w.cfg.Replicas(l)
+			}
+		}
+		next.Replicas = int32(max(n, 0))
+	}
+	meta.SetStatusCondition(&next.Conditions, cond)
+	if equality.Semantic.DeepEqual(&old, next) {
+		return nil
+	}
+	raw, err := runtime.DefaultUnstructuredConverter.ToUnstructured(next)
+	if err != nil {
+		return err
+	}
+	upd := cur.DeepCopy()
+	upd.Object["status"] = raw
+	_, err = w.k.cfg.Dynamic.Resource(RateLimitResource).UpdateStatus(ctx, upd, metav1.UpdateOptions{})
+	return err
+}
+
+// accepted is the Accepted condition of a valid limit from the node
+// reports of its current generation: the worst one stands (ties: the first
+// node by name), with how many other nodes report a problem.
+func (w *StatusWriter) accepted(events cache.SharedIndexInformer, rl *unstructured.Unstructured, now time.Time) (metav1.ConditionStatus, string, string) {
+	gen := strconv.FormatInt(rl.GetGeneration(), 10)
+	latest := make(map[string]*corev1.Event) // by node
+	objs, _ := events.GetIndexer().ByIndex(byLimit, rl.GetName())
+	for _, obj := range objs {
+		e, ok := obj.(*corev1.Event)
+		if !ok || e.InvolvedObject.UID != rl.GetUID() || e.Annotations[annotationGeneration] != gen {
+			continue
+		}
+		node := e.Annotations[annotationNode]
+		if node == "" || now.Sub(eventTime(e)) > reportTTL {
+			continue
+		}
+		if p := latest[node]; p == nil || later(e, p) {
+			latest[node] = e
+		}
+	}
+	var worst *corev1.Event
+	others := 0
+	nodes := slices.Sorted(maps.Keys(latest))
+	for _, node := range nodes {
+		e := latest[node]
+		if severity(e.Reason) == 0 {
+			continue
+		}
+		if worst == nil || severity(e.Reason) > severity(worst.Reason) {
+			if worst != nil {
+				others++
+			}
+			worst = e
+		} else {
+			others++
+		}
+	}
+	if worst == nil {
+		return metav1.ConditionTrue, v1alpha1.ReasonValid, ""
+	}
+	msg := worst.Message
+	if others > 0 {
+		msg += fmt.Sprintf(" (and %d more node(s); see the RateLimit's events)", others)
+	}
+	status := metav1.ConditionTrue
+	if worst.Reason == v1alpha1.ReasonDoesNotFit {
+		status = metav1.ConditionFalse
+	}
+	return status, worst.Reason, msg
+}
+
+// later reports whether node report a is later than b: by the Events'
+// times (a repeated report is counted on the first Event, and its time
+// moves), then by when the node made them.
+func later(a, b *corev1.Event) bool {
+	ta, tb := eventTime(a), eventTime(b)
+	if !ta.Equal(tb) {
+		return ta.After(tb)
+	}
+	ra, _ := strconv.ParseInt(a.Annotations[annotationReported], 10, 64)
+	rb, _ := strconv.ParseInt(b.Annotations[annotationReported], 10, 64)
+	return ra > rb
+}
+
+// eventTime is when an Event last happened.
+func eventTime(e *corev1.Event) time.Time {
+	switch {
+	case e.Series != nil:
+		return e.Series.LastObservedTime.Time
+	case !e.LastTimestamp.IsZero():
+		return e.LastTimestamp.Time
+	case !e.EventTime.IsZero():
+		return e.EventTime.Time
+	}
+	return e.CreationTimestamp.Time
+}
