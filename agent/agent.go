@@ -137,7 +137,7 @@ func Run(ctx context.Context, opts Options) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(a.reloadErrors, a.reloads, &collector{read: a.readStatus}, &a.protect,
-		a.reconcileErrors, &a.health)
+		a.reconcileErrors, &a.health, clusterCollector{a})
 	srv, addr, err := a.serveMetrics(cfg.MetricsAddress, reg)
 	if err != nil {
 		return err

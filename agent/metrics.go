@@ -117,3 +117,38 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(descFragUnseen, g.FragUnseen)
 	counter(descCacheBypass, g.CacheBypass)
 }
+
+var (
+	descWatchEvents  = desc("watch_events_total", "Watch events the agent's informers received from the API server, by informer (ratelimits, daemonset, endpointslices) and type (event: added, modified or deleted; bookmark).", "informer", "type")
+	descWatchListed  = desc("watch_listed_objects_total", "Objects the agent's informers received in list responses, by informer (a relist after an outage or a watch that expired lists again).", "informer")
+	descStatusWriter = desc("status_writer", "1 while this agent holds the Lease and writes the RateLimits' status, else 0.")
+)
+
+// clusterCollector reports the Kubernetes source's watches and whether
+// this agent writes status.
+type clusterCollector struct{ a *Agent }
+
+func (c clusterCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- descWatchEvents
+	ch <- descWatchListed
+	ch <- descStatusWriter
+}
+
+func (c clusterCollector) Collect(ch chan<- prometheus.Metric) {
+	c.a.mu.Lock()
+	k, w := c.a.k8s, c.a.writer
+	c.a.mu.Unlock()
+	if k == nil {
+		return
+	}
+	for name, s := range k.WatchStats() {
+		ch <- prometheus.MustNewConstMetric(descWatchEvents, prometheus.CounterValue, float64(s.Events), name, "event")
+		ch <- prometheus.MustNewConstMetric(descWatchEvents, prometheus.CounterValue, float64(s.Bookmarks), name, "bookmark")
+		ch <- prometheus.MustNewConstMetric(descWatchListed, prometheus.CounterValue, float64(s.Listed), name)
+	}
+	leading := 0.0
+	if w != nil && w.Leading() {
+		leading = 1
+	}
+	ch <- prometheus.MustNewConstMetric(descStatusWriter, prometheus.GaugeValue, leading)
+}

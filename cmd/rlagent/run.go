@@ -30,9 +30,11 @@ falling back to generic), pins its maps and links under the pin directory, and k
 limit's node share current as the replica count and the config file change.
 
 In a cluster (--kubeconfig, or in a pod), the limits are the RateLimit objects, the nodes
-scope divides by the ready agents (the pods --agent-selector selects in --agent-namespace)
-and the service scope by the ready endpoints of the Service, weighted by those on this node
-(--node-name). The config file then holds no limits.
+scope divides by the ready agents (status.numberReady of the DaemonSet --agent-daemonset in
+--agent-namespace) and the service scope by the ready endpoints of the Service, weighted by
+those on this node (--node-name). The config file then holds no limits. One agent, elected
+with the Lease rlagent-status in --agent-namespace, writes the RateLimits' status; every
+agent reports what it could not apply as Events on the RateLimits.
 
 On SIGTERM, SIGINT or SIGKILL the agent exits and the pinned data path keeps enforcing
 the last shares. The next "rlagent run" adopts the pins without detaching. "rlagent

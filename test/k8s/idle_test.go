@@ -14,8 +14,9 @@ import (
 
 // BenchmarkIdleAgentCPU reports the CPU an agent uses in a cluster when
 // nothing changes (target: ~0): one agent, one RateLimit, informers synced,
-// then 10 s of quiet. Its probe asks the API server every 2 s and the
-// snapshot loop reads the counters every second; both are all it does.
+// then 10 s of quiet. It asks the API server nothing while its watches work;
+// the snapshot loop reads the counters every second, and that is all it
+// does.
 func BenchmarkIdleAgentCPU(b *testing.B) {
 	testenv.RequireRoot(b)
 	env := k8stest.Shared(b)
