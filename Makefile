@@ -132,22 +132,24 @@ demo: ## as root: rate-limit real UDP between two network namespaces while the r
 # so that one commit builds one digest.
 #: IMAGE_REPO=ghcr.io/rlagent/rlagent  the image's repository (make image; deploy/kustomization.yaml names this one)
 #: PUSH_TO=REGISTRY/REPO:TAG  where `make push` pushes bin/image (credentials from ~/.docker/config.json)
+#: IMAGE_DIR=bin/image  where `make image` writes the image
 IMAGE_REPO ?= ghcr.io/rlagent/rlagent
+IMAGE_DIR ?= bin/image
 PUSH_TO ?=
 REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
 CREATED ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 IMAGE_TOOL := $(GO) -C hack/tools/image run .
 
 .PHONY: image push
-image: ## build the agent's OCI image into bin/image: rlagent.tar (ctr/docker load), oci/ (an OCI layout), ref (REPO:VERSION@DIGEST)
-	@mkdir -p bin/image
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w -buildid= -X main.version=$(VERSION)' -o bin/image/rlagent ./cmd/rlagent
-	$(IMAGE_TOOL) build --binary $(CURDIR)/bin/image/rlagent --repo $(IMAGE_REPO) --version $(VERSION) \
-		--revision '$(REVISION)' --created $(CREATED) --out $(CURDIR)/bin/image
+image: ## build the agent's OCI image into IMAGE_DIR (bin/image): rlagent.tar (ctr/docker load), oci/ (an OCI layout), ref (REPO:VERSION@DIGEST)
+	@mkdir -p $(IMAGE_DIR)
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w -buildid= -X main.version=$(VERSION)' -o $(abspath $(IMAGE_DIR))/rlagent ./cmd/rlagent
+	$(IMAGE_TOOL) build --binary $(abspath $(IMAGE_DIR))/rlagent --repo $(IMAGE_REPO) --version $(VERSION) \
+		--revision '$(REVISION)' --created $(CREATED) --out $(abspath $(IMAGE_DIR))
 
 push: image ## push the image of `make image` to PUSH_TO (e.g. make push PUSH_TO=registry.example.com/rlagent:v0.1.0)
 	@if [ -z '$(PUSH_TO)' ]; then echo 'push: set PUSH_TO=REGISTRY/REPO:TAG, e.g. make push PUSH_TO=registry.example.com/rlagent:$(VERSION)' >&2; exit 1; fi
-	$(IMAGE_TOOL) push --from $(CURDIR)/bin/image/oci --to '$(PUSH_TO)'
+	$(IMAGE_TOOL) push --from $(abspath $(IMAGE_DIR))/oci --to '$(PUSH_TO)'
 
 # The privileged suites on other kernels, each in a qemu VM in software emulation
 # (test/vmtests). The binaries are static: the VM's initramfs has no libc.

@@ -219,6 +219,11 @@ func (a *Agent) start(ctx context.Context, cfg *v1alpha1.Config) error {
 	}
 	a.dp = dp
 	a.cfg = cfg
+	if mig := dp.Migrating(); mig != nil {
+		// Another version of rlagent, or another maxBuckets: new maps
+		// beside the old ones, which keep enforcing until the hooks move.
+		a.log.Info("pin layout differs: migrating", "from", mig.From, "copied", mig.Copied, "rebuilt", mig.Rebuilt)
+	}
 	// The pod side of an endpoint is looked for only where it is used.
 	a.att = attach.New(attach.Options{PinDir: cfg.PinDir, Log: a.log,
 		SkipPeerNetns: cfg.EndpointHook != v1alpha1.EndpointHookPod})

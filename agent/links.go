@@ -287,7 +287,40 @@ func (a *Agent) syncLinks(want []placement, prune bool) error {
 		}
 	}
 	a.recordInterfaces()
+	a.finishMigration()
 	return first
+}
+
+// finishMigration ends a migration of the pin layout (maps.Migration) once
+// every pinned hook runs one of this data path's programs: until then a
+// hook still runs the earlier layout's program with its maps, and removing
+// their pins would leave them unreadable. After it, the old maps go with
+// their last user.
+func (a *Agent) finishMigration() {
+	mig := a.dp.Migrating()
+	if mig == nil || a.att == nil {
+		return
+	}
+	ours := a.dp.ProgramIDs()
+	pinned, err := attach.Pinned(a.cfg.PinDir)
+	if err != nil {
+		return
+	}
+	for _, pt := range pinned {
+		res, err := a.att.Alive(pt)
+		if err != nil {
+			continue // a dead pin holds no program
+		}
+		if !slices.Contains(ours, res.Program) {
+			return // the next sync moves it
+		}
+	}
+	if err := a.dp.FinishMigration(); err != nil {
+		a.log.Error("finish the pin layout's migration", "from", mig.From, "error", err)
+		return
+	}
+	a.log.Info("pin layout migrated: every hook runs this data path, the earlier layout's pins are removed",
+		"from", mig.From, "copied", len(mig.Copied), "rebuilt", mig.Rebuilt)
 }
 
 // syncPlacement attaches p's program at p. Where another program holds an

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/bits"
 	"os"
+	"path/filepath"
 	"reflect"
 
 	"github.com/cilium/ebpf"
@@ -67,6 +68,10 @@ type Options struct {
 	// returns nil), for callers that never attach a TC program: the
 	// verifier takes ~0.4 s for each of the four.
 	XDPOnly bool
+
+	// layoutEpoch, if set, replaces layoutEpoch: tests migrate across an
+	// epoch with it.
+	layoutEpoch uint32
 }
 
 // Datapath is a loaded data path.
@@ -81,6 +86,10 @@ type Datapath struct {
 	protect *protection
 	// spec is what was loaded, load-time constants set.
 	spec *ebpf.CollectionSpec
+	// layoutDir holds the maps' pins (see layout.go); migration is the
+	// earlier layout found, until FinishMigration.
+	layoutDir string
+	migration *Migration
 }
 
 type installed struct {
@@ -131,19 +140,39 @@ func Load(opts Options) (*Datapath, error) {
 		return nil, fmt.Errorf("set tombstone mask: %w", err)
 	}
 
+	d := &Datapath{opts: opts, ncpu: ncpu, limits: make(map[uint32]*installed), spec: spec}
 	var copts ebpf.CollectionOptions
+	var prev string // the current layout's directory, if another
+	fresh := false  // the layout's maps are created now
+	epoch := uint32(layoutEpoch)
+	if opts.layoutEpoch != 0 {
+		epoch = opts.layoutEpoch
+	}
 	if opts.PinDir != "" {
 		if err := os.MkdirAll(opts.PinDir, 0o700); err != nil {
 			return nil, fmt.Errorf("create pin directory: %w", err)
 		}
-		copts.Maps.PinPath = opts.PinDir
+		cur, err := currentDir(opts.PinDir)
+		if err != nil {
+			return nil, fmt.Errorf("pin directory: %w", err)
+		}
+		d.layoutDir = filepath.Join(opts.PinDir, layoutName(spec, epoch))
+		if cur != d.layoutDir {
+			prev = cur
+		}
+		if _, err := os.Stat(filepath.Join(d.layoutDir, bpf.RatelimitMapRlLimits)); errors.Is(err, os.ErrNotExist) {
+			fresh = true
+		}
+		if err := os.MkdirAll(d.layoutDir, 0o700); err != nil {
+			return nil, fmt.Errorf("create pin directory: %w", err)
+		}
+		copts.Maps.PinPath = d.layoutDir
 	} else {
 		for _, m := range spec.Maps {
 			m.Pinning = ebpf.PinNone
 		}
 	}
 
-	d := &Datapath{opts: opts, ncpu: ncpu, limits: make(map[uint32]*installed), spec: spec}
 	if err := d.loadObjects(&copts); err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
@@ -156,6 +185,25 @@ func Load(opts Options) (*Datapath, error) {
 				opts.PinDir, err)
 		}
 		return nil, fmt.Errorf("load data path: %w", err)
+	}
+	switch {
+	case prev != "" && fresh:
+		// Another layout is current: take what can be taken from it.
+		mig, err := d.copyMaps(prev, epochOf(opts.PinDir, prev) == epoch)
+		if err != nil {
+			d.objs.Close()
+			return nil, fmt.Errorf("migrate the maps pinned in %s: %w", prev, err)
+		}
+		d.migration = mig
+	case prev != "":
+		// A migration that an earlier agent began: this layout's maps
+		// hold what it copied and wrote.
+		d.migration = &Migration{From: prev}
+	case opts.PinDir != "":
+		if err := setCurrent(opts.PinDir, d.layoutDir); err != nil {
+			d.objs.Close()
+			return nil, fmt.Errorf("pin directory: %w", err)
+		}
 	}
 	if err := d.adopt(); err != nil {
 		d.objs.Close()

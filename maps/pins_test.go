@@ -3,6 +3,9 @@ package maps
 import (
 	"errors"
 	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"unsafe"
@@ -13,11 +16,14 @@ import (
 	"github.com/rlagent/rlagent/internal/testenv"
 )
 
-// Maps pinned by a version whose layout differs (here rl_cfg as issue 8
-// left it: one mask per direction instead of per hook, no connections
-// mask) are refused, by the agent's Load and by status's OpenPinned, with
-// ebpf.ErrMapIncompatible and a message that names `rlagent cleanup`.
-func TestOldPinsRefused(t *testing.T) {
+// Maps pinned in the pin directory itself, before layouts, by a version
+// whose rl_cfg differs (as issue 8 left it: one mask per direction instead
+// of per hook, no connections mask): Load migrates them. It copies rl_limits,
+// whose layout is the same, rebuilds rl_cfg, and leaves the old pins current
+// (status reads them, and refuses their rl_cfg, naming `rlagent cleanup`)
+// until FinishMigration, which makes the new layout current and removes the
+// old pins.
+func TestOldPinsMigrated(t *testing.T) {
 	t.Parallel()
 	testenv.RequireRoot(t)
 	dir := testenv.BPFFS(t)
@@ -38,21 +44,144 @@ func TestOldPinsRefused(t *testing.T) {
 		m.Close()
 	}
 
-	d, err := Load(Options{PinDir: dir, Clock: ClockTest, CPUs: 1, XDPOnly: true})
-	if err == nil {
-		d.Close()
-		t.Fatal("Load over old pins succeeded")
+	d := loadTest(t, Options{PinDir: dir, Clock: ClockTest, CPUs: 1})
+	mig := d.Migrating()
+	if mig == nil || mig.From != dir {
+		t.Fatalf("Migrating() = %+v, want a migration from %s", mig, dir)
 	}
-	r, rerr := OpenPinned(dir)
-	if rerr == nil {
-		r.Close()
-		t.Fatal("OpenPinned of old pins succeeded")
+	t.Logf("migration: %+v", mig)
+	if !slices.Contains(mig.Copied, bpf.RatelimitMapRlLimits) || !slices.Contains(mig.Rebuilt, bpf.RatelimitMapRlCfg) {
+		t.Errorf("copied %v, rebuilt %v; want rl_limits copied and rl_cfg rebuilt", mig.Copied, mig.Rebuilt)
 	}
-	for what, err := range map[string]error{"Load": err, "OpenPinned": rerr} {
-		if !errors.Is(err, ebpf.ErrMapIncompatible) || !strings.Contains(err.Error(), "`rlagent cleanup`") {
-			t.Errorf("%s: %v; want ebpf.ErrMapIncompatible and a message naming `rlagent cleanup`", what, err)
-		}
-		t.Logf("%s: %v", what, err)
+	_, rerr := OpenPinned(dir)
+	if !errors.Is(rerr, ebpf.ErrMapIncompatible) || !strings.Contains(rerr.Error(), "`rlagent cleanup`") {
+		t.Errorf("OpenPinned before the migration ends: %v; want the old pins' ebpf.ErrMapIncompatible, naming `rlagent cleanup`", rerr)
+	}
+	if err := d.FinishMigration(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, bpf.RatelimitMapRlCfg)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the old rl_cfg pin after FinishMigration: %v, want gone", err)
+	}
+	r, err := OpenPinned(dir)
+	if err != nil {
+		t.Fatalf("OpenPinned after the migration: %v", err)
+	}
+	r.Close()
+}
+
+// TestMigrateLayout: a Load whose layout differs from the pinned one (a
+// larger maxBuckets; another epoch) migrates while the old programs run.
+// With the same epoch the new maps start with the old limits, counters and
+// buckets; across an epoch nothing is copied. Until the caller moves its
+// hooks and calls FinishMigration, the old program keeps enforcing with the
+// old maps; after it, readers see the new layout and the old pins are gone.
+func TestMigrateLayout(t *testing.T) {
+	t.Parallel()
+	testenv.RequireRoot(t)
+	pkt := udpPacket("10.0.0.1", "192.168.1.1", 53)
+	limit := Limit{Rate: 5, Burst: 5, Key: KeyDstPort, Match: Match{Protocol: UDP, DstPorts: ports(PortRange{53, 53})}}
+	for _, tc := range []struct {
+		name string
+		next Options
+		copy bool
+	}{
+		{"maxBuckets", Options{MaxBuckets: 4096}, true},
+		{"epoch", Options{MaxBuckets: 1024, layoutEpoch: layoutEpoch + 1}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := testenv.BPFFS(t)
+			old := loadTest(t, Options{PinDir: dir, Clock: ClockTest, CPUs: 1, MaxBuckets: 1024})
+			mustSetClock(t, old, 1e9)
+			mustSetLimit(t, old, 7, limit)
+			mustPass(t, old, pkt, 2) // 3 tokens left
+			if old.Migrating() != nil {
+				t.Fatalf("a first Load migrates: %+v", old.Migrating())
+			}
+			oldDir := old.layoutDir
+
+			opts := tc.next
+			opts.PinDir, opts.Clock, opts.CPUs = dir, ClockTest, 1
+			d := loadTest(t, opts)
+			mustSetClock(t, d, 1e9)
+			mig := d.Migrating()
+			if mig == nil || mig.From != oldDir || d.layoutDir == oldDir {
+				t.Fatalf("Migrating() = %+v (layout %s), want a migration from %s", mig, d.layoutDir, oldDir)
+			}
+			t.Logf("%s -> %s: copied %v, rebuilt %v", filepath.Base(oldDir), filepath.Base(d.layoutDir), mig.Copied, mig.Rebuilt)
+			if tc.copy {
+				if !slices.Equal(d.IDs(), []uint32{7}) {
+					t.Fatalf("IDs() = %v after the migration, want the old limit 7", d.IDs())
+				}
+				if s := mustStatsOf(t, d, 7); s.AdmittedPackets != 2 {
+					t.Errorf("stats after the migration %+v, want the 2 admitted before", s)
+				}
+				if got := bucketsOf(t, d, 7); !reflect.DeepEqual(got, map[string]uint64{"53": 3}) {
+					t.Errorf("buckets after the migration %v, want 53: 3", got)
+				}
+			} else {
+				if len(mig.Copied) != 0 || len(d.IDs()) != 0 {
+					t.Errorf("across an epoch: copied %v, limits %v; want nothing", mig.Copied, d.IDs())
+				}
+				mustSetLimit(t, d, 7, limit) // the agent's reconcile
+			}
+
+			// The old program still enforces, with the old maps: 3 tokens.
+			passed := 0
+			for range 5 {
+				if mustRunPacket(t, old, pkt) == xdpPass {
+					passed++
+				}
+			}
+			if passed != 3 {
+				t.Errorf("the old program passed %d of 5 during the migration, want its 3 tokens", passed)
+			}
+			// The new one enforces with the new maps.
+			want := 5 // a fresh bucket
+			if tc.copy {
+				want = 3 // the copied one
+			}
+			passed = 0
+			for range 7 {
+				if mustRunPacket(t, d, pkt) == xdpPass {
+					passed++
+				}
+			}
+			if passed != want {
+				t.Errorf("the new program passed %d of 7, want %d", passed, want)
+			}
+
+			if r, err := OpenPinned(dir); err != nil {
+				t.Fatal(err)
+			} else {
+				s, _ := r.Stats(7)
+				r.Close()
+				if s.AdmittedPackets != 5 {
+					t.Errorf("readers during the migration see %d admitted, want the old layout's 5", s.AdmittedPackets)
+				}
+			}
+			if err := d.FinishMigration(); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := os.Stat(oldDir); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("the old layout's directory after FinishMigration: %v, want gone", err)
+			}
+			r, err := OpenPinned(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s, _ := r.Stats(7)
+			r.Close()
+			if wantAdm := uint64(want); (tc.copy && s.AdmittedPackets != 2+wantAdm) || (!tc.copy && s.AdmittedPackets != wantAdm) {
+				t.Errorf("readers after the migration see %d admitted, want the new layout's", s.AdmittedPackets)
+			}
+			// A later Load adopts the new layout: no migration.
+			d.Close()
+			again := loadTest(t, opts)
+			if again.Migrating() != nil || again.layoutDir != d.layoutDir {
+				t.Errorf("a Load after the migration: migrating %+v, layout %s; want none, %s", again.Migrating(), again.layoutDir, d.layoutDir)
+			}
+		})
 	}
 }
 

@@ -43,7 +43,14 @@ func mapNames() []string {
 // OpenPinned opens the maps pinned in dir for reading, without loading any
 // program and without writing anything, even what an agent would put right
 // on adopting them. It works while the agent is down.
-func OpenPinned(dir string) (*Reader, error) {
+func OpenPinned(pinDir string) (*Reader, error) {
+	dir, err := currentDir(pinDir)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", pinDir, err)
+	}
+	if dir == "" {
+		return nil, fmt.Errorf("open %s: %w", pinDir, ErrNotPinned)
+	}
 	if _, err := os.Stat(filepath.Join(dir, bpf.RatelimitMapRlLimits)); err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return nil, fmt.Errorf("open %s: %w", dir, ErrNotPinned)
@@ -120,15 +127,14 @@ func (r *Reader) GlobalStats() (GlobalStats, error) { return r.d.GlobalStats() }
 // KeyCounts counts the live buckets of every keyed limit.
 func (r *Reader) KeyCounts() (map[uint32]int, error) { return r.d.KeyCounts() }
 
-// RemovePins removes the pinned maps in dir (rlagent cleanup). A map lives on
-// while a program or a descriptor uses it; links are removed by the caller
-// first. Missing pins are not an error.
-func RemovePins(dir string) error {
-	var errs []error
-	for _, name := range mapNames() {
-		if err := os.Remove(filepath.Join(dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
-			errs = append(errs, err)
-		}
+// RemovePins removes the pinned maps in pinDir, of every layout, and the
+// symlink to the current one (rlagent cleanup). A map lives on while a
+// program or a descriptor uses it; links are removed by the caller first.
+// Missing pins are not an error.
+func RemovePins(pinDir string) error {
+	err := removeOtherLayouts(pinDir, "")
+	if rerr := os.Remove(filepath.Join(pinDir, currentLink)); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+		err = errors.Join(err, rerr)
 	}
-	return errors.Join(errs...)
+	return err
 }

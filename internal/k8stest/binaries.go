@@ -31,12 +31,26 @@ const (
 	etcdBinary      = "etcd"
 )
 
-// Main packages built from test/k8s/tools, and the names go build gives them
-// (etcd's import path ends in /v3, so its binary is named after "server").
-const (
-	apiserverPackage = "k8s.io/kubernetes/cmd/kube-apiserver"
-	etcdPackage      = "go.etcd.io/etcd/server/v3"
-	etcdBuildName    = "server"
+// binary is a main package built from test/k8s/tools: its name in the
+// cache, its import path, and the name go build gives it (etcd's import
+// path ends in /v3, so its binary is named after "server").
+type binary struct{ name, pkg, buildName string }
+
+var (
+	serverBinaries = []binary{
+		{apiserverBinary, "k8s.io/kubernetes/cmd/kube-apiserver", apiserverBinary},
+		{etcdBinary, "go.etcd.io/etcd/server/v3", "server"},
+	}
+	// What a node adds (StartNode): the controllers that run DaemonSets and
+	// service accounts, the scheduler, the kubelet, kube-proxy, and kubectl
+	// to apply deploy/ as a user would.
+	nodeBinaries = []binary{
+		{"kube-controller-manager", "k8s.io/kubernetes/cmd/kube-controller-manager", "kube-controller-manager"},
+		{"kube-scheduler", "k8s.io/kubernetes/cmd/kube-scheduler", "kube-scheduler"},
+		{"kubelet", "k8s.io/kubernetes/cmd/kubelet", "kubelet"},
+		{"kube-proxy", "k8s.io/kubernetes/cmd/kube-proxy", "kube-proxy"},
+		{"kubectl", "k8s.io/kubernetes/cmd/kubectl", "kubectl"},
+	}
 )
 
 // toolsDir is the tools module, relative to the rlagent module root.
@@ -65,35 +79,63 @@ func CacheDir() (string, error) {
 // `go env GOMOD` in the current directory, which is the package directory
 // under `go test`. Cached binaries are returned without it.
 func EnsureBinaries(ctx context.Context, log func(string, ...any)) (apiserver, etcd string, err error) {
+	paths, err := ensure(ctx, log, serverBinaries, "~8 min, ~850 CPU-s")
+	if err != nil {
+		return "", "", err
+	}
+	return paths[apiserverBinary], paths[etcdBinary], nil
+}
+
+// EnsureNodeBinaries is EnsureBinaries for what StartNode adds: it returns
+// the paths of kube-controller-manager, kube-scheduler, kubelet, kube-proxy
+// and kubectl by name.
+func EnsureNodeBinaries(ctx context.Context, log func(string, ...any)) (map[string]string, error) {
+	return ensure(ctx, log, nodeBinaries, "~5 min more with the servers' build cache warm")
+}
+
+// ensure returns the cached paths of bins, building them first when any is
+// missing.
+func ensure(ctx context.Context, log func(string, ...any), bins []binary, cold string) (map[string]string, error) {
 	if log == nil {
 		log = func(string, ...any) {}
 	}
 	dir, err := CacheDir()
 	if err != nil {
-		return "", "", err
+		return nil, err
 	}
-	apiserver = filepath.Join(dir, apiserverBinary)
-	etcd = filepath.Join(dir, etcdBinary)
-	if cached(apiserver, etcd) {
-		return apiserver, etcd, nil
+	paths := make(map[string]string, len(bins))
+	var all []string
+	for _, b := range bins {
+		paths[b.name] = filepath.Join(dir, b.name)
+		all = append(all, paths[b.name])
 	}
-
+	if cached(all...) {
+		return paths, nil
+	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", "", fmt.Errorf("create binary cache: %w", err)
+		return nil, fmt.Errorf("create binary cache: %w", err)
 	}
 	unlock, err := lock(ctx, filepath.Join(dir, ".lock"), log)
 	if err != nil {
-		return "", "", err
+		return nil, err
 	}
 	defer unlock()
 	// Whoever held the lock before us may have built them.
-	if cached(apiserver, etcd) {
-		return apiserver, etcd, nil
+	if cached(all...) {
+		return paths, nil
 	}
-	if err := build(ctx, dir, log); err != nil {
-		return "", "", fmt.Errorf("build kube-apiserver and etcd %s: %w", KubernetesVersion, err)
+	if err := build(ctx, dir, log, bins, cold); err != nil {
+		return nil, fmt.Errorf("build %s %s: %w", names(bins), KubernetesVersion, err)
 	}
-	return apiserver, etcd, nil
+	return paths, nil
+}
+
+func names(bins []binary) string {
+	var n []string
+	for _, b := range bins {
+		n = append(n, b.name)
+	}
+	return strings.Join(n, ", ")
 }
 
 // cached reports whether both binaries are in place. They are only ever
@@ -147,7 +189,7 @@ func lock(ctx context.Context, path string, log func(string, ...any)) (unlock fu
 // build runs go build in the tools module into a temporary directory inside
 // dir and renames the results into place, so that a concurrent reader or an
 // interrupted build never sees a partial binary.
-func build(ctx context.Context, dir string, log func(string, ...any)) error {
+func build(ctx context.Context, dir string, log func(string, ...any), bins []binary, cold string) error {
 	tools, err := findTools(ctx)
 	if err != nil {
 		return err
@@ -168,8 +210,11 @@ func build(ctx context.Context, dir string, log func(string, ...any)) error {
 	}, " ")
 	// -v prints each package as it is compiled (cached ones are not), which is
 	// the only progress go build offers.
-	cmd := exec.CommandContext(ctx, "go", "build", "-v", "-ldflags", ldflags, "-o", tmp+"/",
-		apiserverPackage, etcdPackage)
+	args := []string{"build", "-v", "-ldflags", ldflags, "-o", tmp + "/"}
+	for _, b := range bins {
+		args = append(args, b.pkg)
+	}
+	cmd := exec.CommandContext(ctx, "go", args...)
 	cmd.Dir = tools
 	cmd.Env = append(os.Environ(), "GOWORK=off")
 	logPath := filepath.Join(dir, "build.log")
@@ -182,9 +227,9 @@ func build(ctx context.Context, dir string, log func(string, ...any)) error {
 	cmd.Stdout = logFile
 	cmd.Stderr = io.MultiWriter(logFile, &packageCounter{n: &compiled})
 
-	log("k8stest: building kube-apiserver and etcd %s in %s into %s "+
-		"(cold: ~8 min, ~850 CPU-s, ~2 GB RAM on 2 cores; warm: seconds); output in %s",
-		KubernetesVersion, tools, dir, logPath)
+	log("k8stest: building %s %s in %s into %s "+
+		"(cold: %s, ~2 GB RAM on 2 cores; warm: seconds); output in %s",
+		names(bins), KubernetesVersion, tools, dir, cold, logPath)
 	start := time.Now()
 	if err := cmd.Start(); err != nil {
 		return err
@@ -206,23 +251,23 @@ func build(ctx context.Context, dir string, log func(string, ...any)) error {
 		return fmt.Errorf("go build: %w\n%s", err, tail(logPath, 30))
 	}
 
-	built := map[string]string{apiserverBinary: apiserverBinary, etcdBinary: etcdBuildName}
-	for _, out := range built {
-		if !cached(filepath.Join(tmp, out)) {
-			return fmt.Errorf("go build did not produce %s in %s", out, tmp)
+	for _, b := range bins {
+		if !cached(filepath.Join(tmp, b.buildName)) {
+			return fmt.Errorf("go build did not produce %s in %s", b.buildName, tmp)
 		}
 	}
-	out, err := exec.CommandContext(ctx, filepath.Join(tmp, apiserverBinary), "--version").CombinedOutput()
+	// The first is a Kubernetes component: it says its version.
+	out, err := exec.CommandContext(ctx, filepath.Join(tmp, bins[0].buildName), "--version").CombinedOutput()
 	if err != nil || !bytes.Contains(out, []byte(KubernetesVersion)) {
-		return fmt.Errorf("built kube-apiserver --version says %q (%v), want %s", bytes.TrimSpace(out), err, KubernetesVersion)
+		return fmt.Errorf("built %s --version says %q (%v), want %s", bins[0].name, bytes.TrimSpace(out), err, KubernetesVersion)
 	}
-	for name, out := range built {
-		if err := os.Rename(filepath.Join(tmp, out), filepath.Join(dir, name)); err != nil {
+	for _, b := range bins {
+		if err := os.Rename(filepath.Join(tmp, b.buildName), filepath.Join(dir, b.name)); err != nil {
 			return err
 		}
 	}
-	log("k8stest: built kube-apiserver and etcd %s in %s (%d packages compiled)",
-		KubernetesVersion, time.Since(start).Round(time.Second), compiled.Load())
+	log("k8stest: built %s %s in %s (%d packages compiled)",
+		names(bins), KubernetesVersion, time.Since(start).Round(time.Second), compiled.Load())
 	return nil
 }
 

@@ -76,4 +76,3 @@ func (e *Env) InstallCRD(tb testing.TB, path string) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
-

@@ -62,6 +62,10 @@ type Env struct {
 	apiserverArgs []string
 	url           string // https://127.0.0.1:<port>
 
+	wrap  []string // prefix of the servers' command lines (serverOptions)
+	dial  func(ctx context.Context, network, addr string) (net.Conn, error)
+	saKey string // the service-account signing key (StartNode's controller-manager)
+
 	mu        sync.Mutex // guards the processes against concurrent Stop/Start
 	etcd      *process
 	apiserver *process
@@ -80,7 +84,7 @@ func Start(tb testing.TB) *Env {
 	// Registered before the cleanup below, so it runs after it: the servers
 	// stop before their directory goes.
 	dir := tb.TempDir()
-	e, err := start(apiserver, etcd, dir, tb.Logf)
+	e, err := start(apiserver, etcd, dir, tb.Logf, serverOptions{})
 	if err != nil {
 		tb.Fatalf("start etcd and kube-apiserver: %v", err)
 	}
@@ -149,7 +153,7 @@ func Shared(tb testing.TB) *Env {
 			shared.err = err
 			return
 		}
-		shared.env, shared.err = start(apiserver, etcd, shared.dir, tb.Logf)
+		shared.env, shared.err = start(apiserver, etcd, shared.dir, tb.Logf, serverOptions{})
 		if shared.env != nil {
 			// tb ends long before the Env; logging to it later would panic.
 			shared.env.logf = func(string, ...any) {}
@@ -178,14 +182,34 @@ func ensureBinaries(tb testing.TB) (apiserver, etcd string, err error) {
 
 // start runs etcd and kube-apiserver with their files in dir and waits until
 // the API server is ready. On error nothing is left running.
-func start(apiserverPath, etcdPath, dir string, logf func(string, ...any)) (_ *Env, err error) {
+// serverOptions are how start runs the servers. The zero value: on the
+// host's loopback, for the Kubernetes tests without a node.
+type serverOptions struct {
+	// wrap prefixes every server's command line (StartNode: nsenter into
+	// the node's namespaces).
+	wrap []string
+	// addr, if set, is the address the API server listens on and
+	// advertises as the endpoint of the Service default/kubernetes (the
+	// node's), with etcd on the loopback of the same network namespace and
+	// fixed ports (the namespace is the test's own).
+	addr string
+	// dial reaches addr from the test (into the node's network namespace).
+	dial func(ctx context.Context, network, addr string) (net.Conn, error)
+}
+
+func start(apiserverPath, etcdPath, dir string, logf func(string, ...any), so serverOptions) (_ *Env, err error) {
 	began := time.Now()
-	ports, err := freePorts(3)
-	if err != nil {
-		return nil, err
+	var etcdClient, etcdPeer, apiPort int
+	if so.addr == "" {
+		ports, err := freePorts(3)
+		if err != nil {
+			return nil, err
+		}
+		etcdClient, etcdPeer, apiPort = ports[0], ports[1], ports[2]
+	} else {
+		etcdClient, etcdPeer, apiPort = 2379, 2380, 6443
 	}
-	etcdClient, etcdPeer, apiPort := ports[0], ports[1], ports[2]
-	e := &Env{Dir: dir, logf: logf, apiserverPath: apiserverPath}
+	e := &Env{Dir: dir, logf: logf, apiserverPath: apiserverPath, wrap: so.wrap, dial: so.dial}
 	defer func() {
 		if err != nil {
 			err = fmt.Errorf("%w\n%s", err, e.logs(40))
@@ -195,7 +219,7 @@ func start(apiserverPath, etcdPath, dir string, logf func(string, ...any)) (_ *E
 
 	clientURL := "http://127.0.0.1:" + strconv.Itoa(etcdClient)
 	peerURL := "http://127.0.0.1:" + strconv.Itoa(etcdPeer)
-	e.etcd, err = startProcess("etcd", filepath.Join(dir, "etcd.log"), etcdPath,
+	e.etcd, err = e.startProcess("etcd", filepath.Join(dir, "etcd.log"), etcdPath,
 		"--name=k8stest",
 		"--data-dir="+filepath.Join(dir, "etcd"),
 		"--listen-client-urls="+clientURL,
@@ -209,7 +233,8 @@ func start(apiserverPath, etcdPath, dir string, logf func(string, ...any)) (_ *E
 	if err != nil {
 		return e, err
 	}
-	if err := waitHTTP(e.etcd, &http.Client{Timeout: 2 * time.Second}, clientURL+"/health", "", readyTimeout); err != nil {
+	if err := waitHTTP(e.etcd, &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DialContext: e.dialer()}},
+		clientURL+"/health", "", readyTimeout); err != nil {
 		return e, err
 	}
 	etcdReady := time.Since(began)
@@ -227,11 +252,15 @@ func start(apiserverPath, etcdPath, dir string, logf func(string, ...any)) (_ *E
 		return e, err
 	}
 	certDir := filepath.Join(dir, "apiserver-certs")
-	e.url = "https://127.0.0.1:" + strconv.Itoa(apiPort)
+	host := "127.0.0.1"
+	if so.addr != "" {
+		host = so.addr
+	}
+	e.url = "https://" + net.JoinHostPort(host, strconv.Itoa(apiPort))
 	e.apiserverArgs = []string{
 		"--etcd-servers=" + clientURL,
-		"--bind-address=127.0.0.1",
-		"--advertise-address=127.0.0.1",
+		"--bind-address=" + host,
+		"--advertise-address=" + host,
 		"--secure-port=" + strconv.Itoa(apiPort),
 		// Without --tls-cert-file it makes a self-signed CA and serving
 		// certificate here, and reuses them on restart.
@@ -242,17 +271,25 @@ func start(apiserverPath, etcdPath, dir string, logf func(string, ...any)) (_ *E
 		"--service-account-signing-key-file=" + saKey,
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
 		"--service-cluster-ip-range=" + ServiceClusterIPRange,
-		// The default reconciler would publish 127.0.0.1 as the kubernetes
-		// Service's endpoint and complain about a loopback address.
-		"--endpoint-reconciler-type=none",
-		// Nothing creates the default ServiceAccount without the controllers.
-		"--disable-admission-plugins=ServiceAccount",
 		"--allow-privileged=true",
 		// Without it an open watch (any informer) holds SIGTERM up for the
 		// HTTP server's 60 s shutdown timeout; with it the server drains
 		// watches for at most this long and exits in ~1 s.
 		"--shutdown-watch-termination-grace-period=2s",
 	}
+	if so.addr == "" {
+		e.apiserverArgs = append(e.apiserverArgs,
+			// The default reconciler would publish 127.0.0.1 as the kubernetes
+			// Service's endpoint and complain about a loopback address.
+			"--endpoint-reconciler-type=none",
+			// Nothing creates the default ServiceAccount without the controllers.
+			"--disable-admission-plugins=ServiceAccount")
+	} else {
+		// A node's pods reach the API server through the kubernetes
+		// Service (kube-proxy), and get service-account tokens.
+		e.apiserverArgs = append(e.apiserverArgs, "--kubelet-preferred-address-types=InternalIP")
+	}
+	e.saKey = saKey
 	if err := e.startAPIServer(token); err != nil {
 		return e, err
 	}
@@ -269,6 +306,7 @@ func start(apiserverPath, etcdPath, dir string, logf func(string, ...any)) (_ *E
 		// write many objects; here the server is ours alone.
 		QPS:   1000,
 		Burst: 2000,
+		Dial:  so.dial,
 	}
 	if e.clientset, err = kubernetes.NewForConfig(e.Config); err != nil {
 		return e, err
@@ -289,14 +327,14 @@ func start(apiserverPath, etcdPath, dir string, logf func(string, ...any)) (_ *E
 // startAPIServer runs kube-apiserver with e's arguments and waits for /readyz.
 func (e *Env) startAPIServer(token string) error {
 	var err error
-	e.apiserver, err = startProcess("kube-apiserver", filepath.Join(e.Dir, "kube-apiserver.log"), e.apiserverPath, e.apiserverArgs...)
+	e.apiserver, err = e.startProcess("kube-apiserver", filepath.Join(e.Dir, "kube-apiserver.log"), e.apiserverPath, e.apiserverArgs...)
 	if err != nil {
 		return err
 	}
 	// The CA is not known until the server has written it.
 	insecure := &http.Client{
 		Timeout:   2 * time.Second,
-		Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}},
+		Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, DialContext: e.dialer()},
 	}
 	return waitHTTP(e.apiserver, insecure, e.url+"/readyz", token, readyTimeout)
 }
@@ -481,4 +519,38 @@ func randomHex(n int) (string, error) {
 		return "", err
 	}
 	return hex.EncodeToString(b), nil
+}
+
+// PIDs returns the process IDs of the running kube-apiserver and etcd (0
+// for one that is stopped), for tests that measure their CPU and memory.
+func (e *Env) PIDs() (apiserver, etcd int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	pid := func(p *process) int {
+		if p == nil {
+			return 0
+		}
+		if done, _ := p.exited(); done {
+			return 0
+		}
+		return p.cmd.Process.Pid
+	}
+	return pid(e.apiserver), pid(e.etcd)
+}
+
+// startProcess starts a server, through e's wrapper.
+func (e *Env) startProcess(name, logPath, path string, args ...string) (*process, error) {
+	if len(e.wrap) > 0 {
+		args = append(append(append([]string{}, e.wrap[1:]...), path), args...)
+		path = e.wrap[0]
+	}
+	return startProcess(name, logPath, path, args...)
+}
+
+// dialer is how the test reaches the servers.
+func (e *Env) dialer() func(ctx context.Context, network, addr string) (net.Conn, error) {
+	if e.dial != nil {
+		return e.dial
+	}
+	return (&net.Dialer{}).DialContext
 }

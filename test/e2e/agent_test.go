@@ -193,6 +193,86 @@ func TestRestartAdoptsPins(t *testing.T) {
 	e.checkAdmitted("new config after restart", s, changed.Add(latency+settle), window, float64(newShare), 0.05)
 }
 
+// TestRestartMigratesLayout: an agent started over pins of another layout
+// (maxBuckets changed, as an upgrade that resizes or changes a map does)
+// builds its maps beside the old ones, copies their state, moves the hook
+// to its program atomically and then removes the old pins. The traffic is
+// limited throughout, old program to new: no 100 ms bin above share +
+// burst, none empty while load is offered, and the counters go on.
+func TestRestartMigratesLayout(t *testing.T) {
+	testenv.RequireRoot(t)
+	e := newEnv(t)
+	e.writeCount(2)
+	e.writeConfig("maxBuckets: 1024\n" + e.configYAML(globalRate, ""))
+	first := e.startAgent()
+	share, burst := float64(globalRate/2), float64(globalRate/10/2)
+	s := e.startSender(2*share, false)
+	time.Sleep(settle + 500*time.Millisecond)
+	before, _ := e.limit()
+	oldLayout := layoutDirs(t, e.pinDir)
+	if len(oldLayout) != 1 {
+		t.Fatalf("pin layouts before the upgrade: %v, want one", oldLayout)
+	}
+
+	stopped := time.Now()
+	first.Stop(syscall.SIGTERM, 5*time.Second)
+	e.writeConfig("maxBuckets: 4096\n" + e.configYAML(globalRate, ""))
+	second := e.startAgent()
+	adopted := time.Now()
+	if !strings.Contains(second.Log(), "pin layout differs: migrating") {
+		t.Errorf("the second agent did not log the migration's start")
+	}
+	if !second.WaitLog(testenv.Timeout(5*time.Second), "pin layout migrated") {
+		t.Fatalf("the second agent did not finish the migration:\n%s", second.Log())
+	}
+	t.Logf("%s", second.LastLogLine("pin layout migrated"))
+	newLayout := layoutDirs(t, e.pinDir)
+	if len(newLayout) != 1 || newLayout[0] == oldLayout[0] {
+		t.Errorf("pin layouts after the upgrade: %v, want one other than %v", newLayout, oldLayout)
+	}
+
+	from, to := stopped.Add(-time.Second), adopted.Add(1500*time.Millisecond)
+	sleepUntil(to.Add(late))
+	bins := e.recv.Got().Series(from, to, 100*time.Millisecond)
+	perBin := share / 10
+	limit := (perBin + burst) * 1.1
+	t.Logf("upgrade: admitted per 100 ms: %v (share %.0f per bin; min %d, max %d, bound %.0f)",
+		bins, perBin, slices.Min(bins), slices.Max(bins), limit)
+	for i, n := range bins {
+		at := from.Add(time.Duration(i) * 100 * time.Millisecond).Sub(stopped).Round(time.Millisecond)
+		if float64(n) > limit {
+			t.Errorf("upgrade: %d packets admitted in the 100 ms from %v, more than share x 0.1 s + burst + 10%% = %.0f", n, at, limit)
+		}
+		if n == 0 {
+			t.Errorf("upgrade: nothing admitted in the 100 ms from %v while load was offered", at)
+		}
+	}
+	e.checkAdmitted("across the upgrade", s, from, to.Sub(from), share, 0.05)
+	after, _ := e.limit()
+	t.Logf("counters: admitted %d, dropped %d before; %d, %d after", before.Totals.AdmittedPackets, before.Totals.DroppedPackets,
+		after.Totals.AdmittedPackets, after.Totals.DroppedPackets)
+	if after.Totals.AdmittedPackets <= before.Totals.AdmittedPackets || after.Totals.DroppedPackets <= before.Totals.DroppedPackets {
+		t.Errorf("the counters did not go on across the upgrade: admitted %d -> %d, dropped %d -> %d",
+			before.Totals.AdmittedPackets, after.Totals.AdmittedPackets, before.Totals.DroppedPackets, after.Totals.DroppedPackets)
+	}
+}
+
+// layoutDirs lists the pin layouts' directories in pinDir (maps-*).
+func layoutDirs(t *testing.T, pinDir string) []string {
+	t.Helper()
+	entries, err := os.ReadDir(pinDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range entries {
+		if e.IsDir() && strings.HasPrefix(e.Name(), "maps-") {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
+
 // TestInvalidConfigKeepsLimits: a config file that fails validation is
 // rejected whole, with the field named in the log; the old limit stays.
 func TestInvalidConfigKeepsLimits(t *testing.T) {

@@ -22,6 +22,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/authn"
@@ -35,9 +36,9 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 )
 
-// Where the binary lives in the image; deploy/daemonset.yaml relies on it
-// being the entrypoint.
-const binaryPath = "usr/local/bin/rlagent"
+// Where the binary lives in the image by default; deploy/daemonset.yaml
+// relies on it being the entrypoint.
+const defaultPath = "usr/local/bin/rlagent"
 
 func main() {
 	if len(os.Args) < 2 {
@@ -72,6 +73,7 @@ func build(args []string) error {
 	revision := fs.String("revision", "", "the commit (org.opencontainers.image.revision)")
 	created := fs.String("created", "0", "the image's creation time, Unix seconds (the commit's time, for a reproducible digest)")
 	arch := fs.String("arch", "amd64", "the binary's architecture")
+	path := fs.String("path", defaultPath, "where the binary goes in the image, without the leading /: the image's entrypoint")
 	out := fs.String("out", "", "the output directory: DIR/rlagent.tar (a tarball for `ctr images import`, `docker load`) and DIR/oci (an OCI image layout)")
 	fs.Parse(args)
 	if *binary == "" || *version == "" || *out == "" {
@@ -94,8 +96,8 @@ func build(args []string) error {
 		return fmt.Errorf("%s: %w", *binary, err)
 	}
 
-	img, err := image(bin, when, *arch, map[string]string{
-		"org.opencontainers.image.title":    "rlagent",
+	img, err := image(bin, strings.TrimPrefix(*path, "/"), when, *arch, map[string]string{
+		"org.opencontainers.image.title":    filepath.Base(*path),
 		"org.opencontainers.image.source":   "https://github.com/rlagent/rlagent",
 		"org.opencontainers.image.version":  *version,
 		"org.opencontainers.image.revision": *revision,
@@ -146,11 +148,15 @@ func build(args []string) error {
 	return nil
 }
 
-// image is the one-layer image of bin.
-func image(bin []byte, when time.Time, arch string, labels map[string]string) (v1.Image, error) {
+// image is the one-layer image of bin at binaryPath.
+func image(bin []byte, binaryPath string, when time.Time, arch string, labels map[string]string) (v1.Image, error) {
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
-	for _, dir := range []string{"usr/", "usr/local/", "usr/local/bin/"} {
+	var dirs []string
+	for d := filepath.Dir(binaryPath); d != "."; d = filepath.Dir(d) {
+		dirs = append([]string{d + "/"}, dirs...)
+	}
+	for _, dir := range dirs {
 		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: dir, Mode: 0o755, ModTime: when, Format: tar.FormatPAX}); err != nil {
 			return nil, err
 		}
