@@ -35,7 +35,7 @@ BPF_PACKAGES := clang llvm libbpf-dev
 # Tests read this to turn "needs root" and "kernel lacks X" skips into failures (CI sets it).
 export RLAGENT_REQUIRE_ROOT_TESTS
 
-.PHONY: help deps-bpf deps-test generate verify-generate build test test-k8s test-fuzz bench demo clean
+.PHONY: help deps-bpf deps-test deps-node generate verify-generate build test test-k8s test-node test-scale test-fuzz bench demo clean
 
 help: ## list targets and variables
 	@echo 'Usage: make <target> [VAR=value ...]'
@@ -102,9 +102,9 @@ build: ## go build ./... and bin/rlagent (version from git describe)
 	$(GO) build ./...
 	$(GO) build -ldflags '-X main.version=$(VERSION)' -o bin/rlagent ./cmd/rlagent
 
-test: deps-test ## go vet and go test ./... (as root the BPF and end-to-end tests run; includes test-k8s; RLAGENT_REQUIRE_ROOT_TESTS=1 makes skips fail)
+test: deps-test deps-node ## go vet and go test ./... (as root the BPF and end-to-end tests run; includes test-k8s and test-node; RLAGENT_REQUIRE_ROOT_TESTS=1 makes skips fail)
 	$(GO) vet ./...
-	$(GO) run ./internal/k8stest/k8sbin >/dev/null
+	$(GO) run ./internal/k8stest/k8sbin -node >/dev/null
 	$(GO) test -count=1 $(TESTFLAGS) ./...
 
 # k8sbin builds kube-apiserver and etcd into ~/.cache/rlagent/k8s (or finds them
@@ -113,6 +113,35 @@ test: deps-test ## go vet and go test ./... (as root the BPF and end-to-end test
 test-k8s: ## only the Kubernetes tests, against a real kube-apiserver and etcd (the first run builds them: ~8 min)
 	$(GO) run ./internal/k8stest/k8sbin >/dev/null
 	$(GO) test -count=1 $(TESTFLAGS) ./internal/k8stest/ ./test/k8s/...
+
+# What StartNode (internal/k8stest) runs besides the Kubernetes binaries.
+NODE_PACKAGES := containerd runc containernetworking-plugins iptables conntrack
+
+deps-node: ## install containerd, runc, the CNI plugins, iptables and conntrack with apt-get if missing (root only; make test-node)
+	@if command -v containerd >/dev/null && command -v runc >/dev/null && [ -x /usr/lib/cni/bridge ] && command -v iptables >/dev/null; then exit 0; fi; \
+	if [ "$$(id -u)" -ne 0 ]; then \
+		echo 'deps-node: containerd, runc, the CNI plugins or iptables are missing; the node tests run only as root, which can install them: apt-get install $(NODE_PACKAGES)' >&2; \
+		exit 0; \
+	fi; \
+	if ! command -v apt-get >/dev/null; then \
+		echo 'deps-node: install the packages $(NODE_PACKAGES) (Debian names).' >&2; \
+		exit 1; \
+	fi; \
+	echo 'deps-node: installing $(NODE_PACKAGES)'; \
+	apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $(NODE_PACKAGES)
+
+test-node: deps-node ## only the image and the DaemonSet on a real node (kubelet, containerd, kube-proxy, controller-manager, scheduler; the first run builds them: ~5 min more than test-k8s)
+	$(GO) run ./internal/k8stest/k8sbin -node >/dev/null
+	$(GO) test -count=1 $(TESTFLAGS) ./test/node/...
+
+#: SCALE_AGENTS=300 SCALE_SERVICES=10000  the full size of `make test-scale` (make test: a smaller cluster)
+SCALE_AGENTS ?= 300
+SCALE_SERVICES ?= 10000
+
+test-scale: ## the scale test (test/k8s TestScale) at full size: SCALE_AGENTS agents, SCALE_SERVICES Services
+	$(GO) run ./internal/k8stest/k8sbin >/dev/null
+	RLAGENT_SCALE_AGENTS=$(SCALE_AGENTS) RLAGENT_SCALE_SERVICES=$(SCALE_SERVICES) \
+		$(GO) test -count=1 -run '^TestScale$$' -v -timeout 30m $(TESTFLAGS) ./test/k8s/
 
 test-fuzz: ## fuzz the bpf/ packet parser (FUZZ, default FuzzParse) for FUZZTIME
 	$(GO) test -run '^$$' -fuzz '$(FUZZ)' -fuzztime $(FUZZTIME) ./bpf/

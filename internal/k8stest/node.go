@@ -66,7 +66,12 @@ type Node struct {
 	procs   []*process
 	logs    []string
 	sysctls map[string]string // saved by saveSysctls
+	// madeShimRoot: the host had no /run/containerd before the node.
+	madeShimRoot bool
 }
+
+// shimRoot is where containerd 1.6's shims make their sockets.
+const shimRoot = "/run/containerd"
 
 // NodeName is the node's name in the cluster.
 const NodeName = "rlagent-node"
@@ -111,6 +116,9 @@ func StartNode(tb testing.TB) *Node {
 		Subnet6: netip.MustParsePrefix("fd00:251::/64"),
 	})
 	n.NS, n.Client, n.Addr = n.Pair.B, n.Pair.A, n.Pair.B4
+	// A node has a route for its Services' ClusterIPs (a default route,
+	// usually): kube-proxy translates them after routing.
+	n.run0("ip", "route", "add", ServiceClusterIPRange, "dev", "uplink")
 
 	// The holder: in the node's network namespace, a mount namespace of
 	// its own with private propagation, and a bpffs of its own on
@@ -127,6 +135,16 @@ func StartNode(tb testing.TB) *Node {
 	n.wrap = []string{"nsenter", "--target", pid, "--mount", "--net", "--"}
 	n.waitMountNS()
 	n.run("mount", "-t", "bpf", "bpffs", "/sys/fs/bpf")
+	// containerd's shims put their sockets under /run/containerd whatever
+	// the config says: a tmpfs of the node's there. (The mount point is
+	// made on the host if missing, and removed again.)
+	if _, err := os.Stat(shimRoot); errors.Is(err, os.ErrNotExist) {
+		if err := os.Mkdir(shimRoot, 0o711); err != nil {
+			tb.Fatal(err)
+		}
+		n.madeShimRoot = true
+	}
+	n.run("mount", "-t", "tmpfs", "-o", "mode=0711", "tmpfs", shimRoot)
 	n.saveSysctls()
 
 	// The control plane.
@@ -137,15 +155,16 @@ func StartNode(tb testing.TB) *Node {
 		})
 		return c, err
 	}
-	env, err := start(apiserver, etcd, filepath.Join(n.dir, "control-plane"), tb.Logf,
+	cp := filepath.Join(n.dir, "control-plane")
+	if err := os.MkdirAll(cp, 0o755); err != nil {
+		tb.Fatal(err)
+	}
+	env, err := start(apiserver, etcd, cp, tb.Logf,
 		serverOptions{wrap: n.wrap, addr: n.Addr.String(), dial: dial})
 	if err != nil {
 		tb.Fatalf("start etcd and kube-apiserver in the node: %v", err)
 	}
 	n.Env = env
-	if err := os.MkdirAll(env.Dir, 0o755); err != nil {
-		tb.Fatal(err)
-	}
 	ca := filepath.Join(env.Dir, "apiserver-certs", "apiserver.crt")
 	n.start("kube-controller-manager", bins["kube-controller-manager"],
 		"--kubeconfig="+env.Kubeconfig,
@@ -172,6 +191,21 @@ func StartNode(tb testing.TB) *Node {
 	tb.Logf("k8stest: node %s ready in %v (kubelet, containerd, kube-proxy, controller-manager, scheduler, API server at %s)",
 		n.Name, time.Since(began).Round(time.Millisecond), env.url)
 	return n
+}
+
+// run0 runs a command in the node's network namespace only (before the
+// holder exists) and fails tb if it fails.
+func (n *Node) run0(name string, args ...string) {
+	n.tb.Helper()
+	cmd := exec.Command(name, args...)
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := n.NS.Start(cmd); err != nil {
+		n.tb.Fatalf("%s: %v", name, err)
+	}
+	if err := cmd.Wait(); err != nil {
+		n.tb.Fatalf("%s %s in the node: %v\n%s", name, strings.Join(args, " "), err, out.String())
+	}
 }
 
 // run runs a command in the node's namespaces and fails tb if it fails.
@@ -286,10 +320,13 @@ state = %q
       runtime_type = "io.containerd.runc.v2"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
+        Root = %q
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = %q
-`, root, state, n.sock, pauseImage, cni)
+[plugins."io.containerd.internal.v1.opt"]
+  path = %q
+`, root, state, n.sock, pauseImage, filepath.Join(state, "runc"), cni, filepath.Join(root, "opt"))
 	path := filepath.Join(n.dir, "containerd.toml")
 	if err := os.WriteFile(path, []byte(config), 0o644); err != nil {
 		n.tb.Fatal(err)
@@ -549,6 +586,11 @@ func (n *Node) teardown() {
 		n.tb.Errorf("k8stest: remove the kubelet's cgroups: %v", err)
 	}
 	n.restoreSysctls()
+	if n.madeShimRoot {
+		if err := os.Remove(shimRoot); err != nil {
+			n.tb.Errorf("k8stest: remove %s: %v", shimRoot, err)
+		}
+	}
 }
 
 // kubeCgroupRoots are the cgroups the kubelet creates for pods (cgroupfs
