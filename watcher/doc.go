@@ -9,8 +9,17 @@
 // that age.
 //
 // Sources here: Static (a fixed count) and File (one integer in a file,
-// polled). The Kubernetes sources (EndpointSlices, the agents' DaemonSet)
-// implement the same interface.
+// polled). Kubernetes is the cluster's source: the RateLimits, the
+// EndpointSlices of the Services they reference (and no others), and the
+// agents' DaemonSet, whose status.numberReady is the nodes scope's count. It
+// asks the API server nothing beyond its watches while they work
+// (watchHealth dates the observations from them).
+//
+// In a cluster the RateLimits' status has one writer: StatusWriter, on the
+// agent that holds a Lease (about eight agents stand, whatever the
+// cluster's size). Every agent's Reporter says what it could not apply as
+// Events on the RateLimit, which the writer reflects in the Accepted
+// condition.
 //
 // APIServer is not a count source: it follows the addresses and ports the
 // agent's own API server connection carries (the endpoints of the Service
