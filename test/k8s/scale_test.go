@@ -19,6 +19,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
@@ -156,6 +157,7 @@ func TestScale(t *testing.T) {
 	setDaemonSetReady(t, env, ns, agentDaemonSet, nAgents, nAgents)
 
 	// The agents.
+	apiRSS0 := rssMiB(t, apiPID)
 	started := time.Now()
 	agents := make([]*simAgent, nAgents)
 	var wg sync.WaitGroup
@@ -216,7 +218,25 @@ func TestScale(t *testing.T) {
 			}
 		}
 	}()
-	time.Sleep(5 * time.Second) // the first status writes settle
+	// The writer's first round: every RateLimit's status written (at the
+	// agent's client rate, 5 writes/s, this takes a while).
+	firstRound := time.Now()
+	waitFor(t, 3*time.Minute, "every RateLimit's status", func() (bool, string) {
+		list, err := rl.List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		missing := 0
+		for _, obj := range list.Items {
+			gen, _, _ := unstructured.NestedInt64(obj.Object, "status", "observedGeneration")
+			if c := condition(&obj, v1alpha1.ConditionAccepted); c == nil || gen != obj.GetGeneration() {
+				missing++
+			}
+		}
+		return missing == 0, fmt.Sprintf("%d of %d without status", missing, len(list.Items))
+	})
+	t.Logf("the writer's first round: %d RateLimits' status in %v", scaleReferenced+1, time.Since(firstRound).Round(time.Millisecond))
+	time.Sleep(time.Second)
 
 	type result struct {
 		what      string
@@ -331,8 +351,8 @@ func TestScale(t *testing.T) {
 		}
 	}
 	apiRSS, etcdRSS, realRSS := rssMiB(t, apiPID), rssMiB(t, etcdPID), rssMiB(t, realPID)
-	t.Logf("kube-apiserver: %.1f%% of a core over the %v of changes, RSS %.0f MiB; etcd: %.1f%%, RSS %.0f MiB",
-		100*ticksSeconds(cpu1-cpu0)/window.Seconds(), window.Round(time.Second), apiRSS,
+	t.Logf("kube-apiserver: %.1f%% of a core over the %v of changes, RSS %.0f MiB (%.0f MiB before the agents: %.2f MiB per agent); etcd: %.1f%%, RSS %.0f MiB",
+		100*ticksSeconds(cpu1-cpu0)/window.Seconds(), window.Round(time.Second), apiRSS, apiRSS0, (apiRSS-apiRSS0)/float64(nAgents),
 		100*ticksSeconds(etcdCPU1-etcdCPU0)/window.Seconds(), etcdRSS)
 	var ms runtime.MemStats
 	runtime.GC()
