@@ -134,7 +134,7 @@ test-node: deps-node ## only the image and the DaemonSet on a real node (kubelet
 	$(GO) run ./internal/k8stest/k8sbin -node >/dev/null
 	$(GO) test -count=1 $(TESTFLAGS) ./test/node/...
 
-#: SCALE_AGENTS=300 SCALE_SERVICES=10000  the full size of `make test-scale` (make test: a smaller cluster)
+#: SCALE_AGENTS=300 SCALE_SERVICES=10000  the size of `make test-scale` (make test runs TestScale at 300 and 10000 too)
 SCALE_AGENTS ?= 300
 SCALE_SERVICES ?= 10000
 

@@ -31,10 +31,11 @@ import (
 	"github.com/rlagent/rlagent/watcher"
 )
 
-// The scale test's size: RLAGENT_SCALE_AGENTS simulated agents,
-// RLAGENT_SCALE_SERVICES Services of scaleEndpoints endpoints each, of which
-// scaleReferenced are referenced by RateLimits (make test-scale sets the
-// full size; the defaults are CI's).
+// The scale test's size: RLAGENT_SCALE_AGENTS simulated agents (default
+// 300), RLAGENT_SCALE_SERVICES Services (default 10,000) of scaleEndpoints
+// endpoints each, of which scaleReferenced are referenced by RateLimits.
+// The defaults are the targets, and take about 90 s; make
+// test-scale passes other sizes.
 const (
 	scaleEndpoints  = 10
 	scaleReferenced = 100
