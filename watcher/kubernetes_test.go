@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -148,32 +147,10 @@ func putSlice(t *testing.T, env *k8stest.Env, ns, svc, name string, port int32, 
 	}
 }
 
-// setDaemonSet writes a DaemonSet's status as its controller would,
-// creating it first if needed.
+// setDaemonSet writes a DaemonSet's status as its controller would.
 func setDaemonSet(t *testing.T, env *k8stest.Env, ns, name string, ready, desired int32) {
 	t.Helper()
-	dss := env.Clientset().AppsV1().DaemonSets(ns)
-	ds, err := dss.Get(context.Background(), name, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		labels := map[string]string{"app": name}
-		ds, err = dss.Create(context.Background(), &appsv1.DaemonSet{
-			ObjectMeta: metav1.ObjectMeta{Name: name},
-			Spec: appsv1.DaemonSetSpec{
-				Selector: &metav1.LabelSelector{MatchLabels: labels},
-				Template: corev1.PodTemplateSpec{
-					ObjectMeta: metav1.ObjectMeta{Labels: labels},
-					Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "example.invalid/c"}}},
-				},
-			},
-		}, metav1.CreateOptions{})
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	ds.Status.NumberReady, ds.Status.DesiredNumberScheduled = ready, desired
-	if _, err := dss.UpdateStatus(context.Background(), ds, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	env.SetDaemonSetStatus(t, ns, name, int(ready), int(desired))
 }
 
 // TestKubernetesServiceScope: a service-scoped limit counts its Service's

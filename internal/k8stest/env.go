@@ -19,7 +19,9 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -553,4 +555,36 @@ func (e *Env) dialer() func(ctx context.Context, network, addr string) (net.Conn
 		return e.dial
 	}
 	return (&net.Dialer{}).DialContext
+}
+
+// SetDaemonSetStatus writes a DaemonSet's status.numberReady and
+// desiredNumberScheduled as the DaemonSet controller would (an Env runs no
+// controllers), creating the DaemonSet first if needed: the nodes scope's
+// count, for tests that simulate the agents.
+func (e *Env) SetDaemonSetStatus(tb testing.TB, ns, name string, ready, desired int) {
+	tb.Helper()
+	ctx := context.Background()
+	dss := e.clientset.AppsV1().DaemonSets(ns)
+	ds, err := dss.Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		labels := map[string]string{"app": name}
+		ds, err = dss.Create(ctx, &appsv1.DaemonSet{
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: appsv1.DaemonSetSpec{
+				Selector: &metav1.LabelSelector{MatchLabels: labels},
+				Template: corev1.PodTemplateSpec{
+					ObjectMeta: metav1.ObjectMeta{Labels: labels},
+					Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "agent", Image: "example.invalid/agent"}}},
+				},
+			},
+		}, metav1.CreateOptions{})
+	}
+	if err != nil {
+		tb.Fatalf("DaemonSet %s/%s: %v", ns, name, err)
+	}
+	ds.Status.NumberReady, ds.Status.DesiredNumberScheduled = int32(ready), int32(desired)
+	ds.Status.CurrentNumberScheduled, ds.Status.NumberAvailable = int32(desired), int32(ready)
+	if _, err := dss.UpdateStatus(ctx, ds, metav1.UpdateOptions{}); err != nil {
+		tb.Fatalf("DaemonSet %s/%s: %d of %d ready: %v", ns, name, ready, desired, err)
+	}
 }

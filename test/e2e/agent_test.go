@@ -166,17 +166,7 @@ func TestRestartAdoptsPins(t *testing.T) {
 	// 100 ms bins from 1 s before the stop to 1.5 s after the adoption.
 	from, to := stopped.Add(-time.Second), adopted.Add(1500*time.Millisecond)
 	sleepUntil(to.Add(late))
-	bins := e.recv.Got().Series(from, to, 100*time.Millisecond)
-	perBin := share / 10
-	limit := (perBin + burst) * 1.1
-	t.Logf("restart: admitted per 100 ms: %v (share %.0f per bin; min %d, max %d, bound %.0f)",
-		bins, perBin, slices.Min(bins), slices.Max(bins), limit)
-	for i, n := range bins {
-		if float64(n) > limit {
-			t.Errorf("restart: %d packets admitted in the 100 ms from %v, more than share x 0.1 s + burst + 10%% = %.0f",
-				n, from.Add(time.Duration(i)*100*time.Millisecond).Sub(stopped).Round(time.Millisecond), limit)
-		}
-	}
+	e.checkBins("restart", from, to, stopped, share, burst, false)
 	e.checkAdmitted("across the restart", s, from, to.Sub(from), share, 0.05)
 
 	// A config change after the restart: 1.5 times the global rate.
@@ -233,20 +223,7 @@ func TestRestartMigratesLayout(t *testing.T) {
 
 	from, to := stopped.Add(-time.Second), adopted.Add(1500*time.Millisecond)
 	sleepUntil(to.Add(late))
-	bins := e.recv.Got().Series(from, to, 100*time.Millisecond)
-	perBin := share / 10
-	limit := (perBin + burst) * 1.1
-	t.Logf("upgrade: admitted per 100 ms: %v (share %.0f per bin; min %d, max %d, bound %.0f)",
-		bins, perBin, slices.Min(bins), slices.Max(bins), limit)
-	for i, n := range bins {
-		at := from.Add(time.Duration(i) * 100 * time.Millisecond).Sub(stopped).Round(time.Millisecond)
-		if float64(n) > limit {
-			t.Errorf("upgrade: %d packets admitted in the 100 ms from %v, more than share x 0.1 s + burst + 10%% = %.0f", n, at, limit)
-		}
-		if n == 0 {
-			t.Errorf("upgrade: nothing admitted in the 100 ms from %v while load was offered", at)
-		}
-	}
+	e.checkBins("upgrade", from, to, stopped, share, burst, true)
 	e.checkAdmitted("across the upgrade", s, from, to.Sub(from), share, 0.05)
 	after, _ := e.limit()
 	t.Logf("counters: admitted %d, dropped %d before; %d, %d after", before.Totals.AdmittedPackets, before.Totals.DroppedPackets,
@@ -254,6 +231,28 @@ func TestRestartMigratesLayout(t *testing.T) {
 	if after.Totals.AdmittedPackets <= before.Totals.AdmittedPackets || after.Totals.DroppedPackets <= before.Totals.DroppedPackets {
 		t.Errorf("the counters did not go on across the upgrade: admitted %d -> %d, dropped %d -> %d",
 			before.Totals.AdmittedPackets, after.Totals.AdmittedPackets, before.Totals.DroppedPackets, after.Totals.DroppedPackets)
+	}
+}
+
+// checkBins checks the 100 ms bins of what the receiver got in [from, to):
+// none above share x 0.1 s + burst (+10%), and, with noneEmpty, none empty
+// (the sender offers more than the share throughout). Times are logged
+// from ref.
+func (e *env) checkBins(what string, from, to, ref time.Time, share, burst float64, noneEmpty bool) {
+	e.t.Helper()
+	bins := e.recv.Got().Series(from, to, 100*time.Millisecond)
+	perBin := share / 10
+	limit := (perBin + burst) * 1.1
+	e.t.Logf("%s: admitted per 100 ms: %v (share %.0f per bin; min %d, max %d, bound %.0f)",
+		what, bins, perBin, slices.Min(bins), slices.Max(bins), limit)
+	for i, n := range bins {
+		at := from.Add(time.Duration(i) * 100 * time.Millisecond).Sub(ref).Round(time.Millisecond)
+		if float64(n) > limit {
+			e.t.Errorf("%s: %d packets admitted in the 100 ms from %v, more than share x 0.1 s + burst + 10%% = %.0f", what, n, at, limit)
+		}
+		if noneEmpty && n == 0 {
+			e.t.Errorf("%s: nothing admitted in the 100 ms from %v while load was offered", what, at)
+		}
 	}
 }
 

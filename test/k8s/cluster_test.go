@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -284,33 +283,10 @@ func (c *cluster) setAgents(ready int) {
 	setDaemonSetReady(c.t, c.env, c.ns, agentDaemonSet, ready, max(ready, len(c.nodes)))
 }
 
-// setDaemonSetReady writes a DaemonSet's status.numberReady and
-// desiredNumberScheduled, creating the DaemonSet first if needed.
+// setDaemonSetReady writes a DaemonSet's status (k8stest).
 func setDaemonSetReady(t testing.TB, env *k8stest.Env, ns, name string, ready, desired int) {
 	t.Helper()
-	dss := env.Clientset().AppsV1().DaemonSets(ns)
-	ds, err := dss.Get(t.Context(), name, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		labels := map[string]string{"app": name}
-		ds, err = dss.Create(t.Context(), &appsv1.DaemonSet{
-			ObjectMeta: metav1.ObjectMeta{Name: name},
-			Spec: appsv1.DaemonSetSpec{
-				Selector: &metav1.LabelSelector{MatchLabels: labels},
-				Template: corev1.PodTemplateSpec{
-					ObjectMeta: metav1.ObjectMeta{Labels: labels},
-					Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "rlagent", Image: "ghcr.io/rlagent/rlagent:test"}}},
-				},
-			},
-		}, metav1.CreateOptions{})
-	}
-	if err != nil {
-		t.Fatalf("DaemonSet %s/%s: %v", ns, name, err)
-	}
-	ds.Status.NumberReady, ds.Status.DesiredNumberScheduled = int32(ready), int32(desired)
-	ds.Status.CurrentNumberScheduled, ds.Status.NumberAvailable = int32(desired), int32(ready)
-	if _, err := dss.UpdateStatus(t.Context(), ds, metav1.UpdateOptions{}); err != nil {
-		t.Fatalf("DaemonSet %s/%s: %d of %d ready: %v", ns, name, ready, desired, err)
-	}
+	env.SetDaemonSetStatus(t, ns, name, ready, desired)
 }
 
 // addEndpointAddresses puts the node's endpoint addresses on B's veth and

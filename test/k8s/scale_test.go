@@ -282,40 +282,32 @@ func TestScale(t *testing.T) {
 		}
 		return r
 	}
+	// setEndpoints gives Service i n ready endpoints.
+	setEndpoints := func(i, n int) {
+		sns, name := svcName(i)
+		s := scaleSlice(name, i, n, nodeName)
+		cur, err := cs.DiscoveryV1().EndpointSlices(sns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.ResourceVersion = cur.ResourceVersion
+		if _, err := cs.DiscoveryV1().EndpointSlices(sns).Update(ctx, s, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	var results []result
 	// Scope nodes: the DaemonSet's ready count.
 	results = append(results, measure("agents' DaemonSet numberReady", nodesLimit,
 		func(rep int) int { return nAgents - 1 - rep },
 		func(rep int) { setDaemonSetReady(t, env, ns, agentDaemonSet, nAgents-1-rep, nAgents) }))
 	// Scope service: one referenced Service loses an endpoint.
-	results = append(results, measure("a referenced Service's slice", "scale-"+mustSecond(svcName(7)),
+	_, svc7 := svcName(7)
+	results = append(results, measure("a referenced Service's slice", "scale-"+svc7,
 		func(rep int) int { return scaleEndpoints - 1 - rep },
-		func(rep int) {
-			sns, name := svcName(7)
-			s := scaleSlice(name, 7, scaleEndpoints-1-rep, nodeName)
-			cur, err := cs.DiscoveryV1().EndpointSlices(sns).Get(ctx, name, metav1.GetOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			s.ResourceVersion = cur.ResourceVersion
-			if _, err := cs.DiscoveryV1().EndpointSlices(sns).Update(ctx, s, metav1.UpdateOptions{}); err != nil {
-				t.Fatal(err)
-			}
-		}))
+		func(rep int) { setEndpoints(7, scaleEndpoints-1-rep) }))
 	// Not referenced: nothing should reach the agents.
 	results = append(results, measure("an unreferenced Service's slice", "", func(int) int { return 0 },
-		func(rep int) {
-			sns, name := svcName(nServices - 1 - rep)
-			s := scaleSlice(name, nServices-1-rep, scaleEndpoints-1, nodeName)
-			cur, err := cs.DiscoveryV1().EndpointSlices(sns).Get(ctx, name, metav1.GetOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			s.ResourceVersion = cur.ResourceVersion
-			if _, err := cs.DiscoveryV1().EndpointSlices(sns).Update(ctx, s, metav1.UpdateOptions{}); err != nil {
-				t.Fatal(err)
-			}
-		}))
+		func(rep int) { setEndpoints(nServices-1-rep, scaleEndpoints-1) }))
 	window := time.Since(measureStart)
 	cpu1, _ := cpuTicks(apiPID)
 	etcdCPU1, _ := cpuTicks(etcdPID)
@@ -382,8 +374,6 @@ func scaleSlice(name string, i, n int, node func(int) string) *discoveryv1.Endpo
 	}
 	return s
 }
-
-func mustSecond(_, b string) string { return b }
 
 // parallel runs f(0..n-1) on workers goroutines, failing t on the first error.
 func parallel(t *testing.T, n, workers int, f func(i int) error) {
