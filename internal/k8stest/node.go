@@ -36,7 +36,9 @@ import (
 // its root directory) in the node's mount namespace, and the pins of a
 // hostPath /sys/fs/bpf/... in a bpffs mounted there: all of it goes with
 // the namespaces. What is global and changed is put back on teardown: the
-// sysctls the kubelet writes, and the cgroups it creates (kubepods).
+// sysctls the kubelet writes, and the cgroups it creates (below a cgroup
+// root of the node's own, so that a kubelet of the machine's keeps its
+// pods).
 //
 // Images come from files (there is no registry): the pause image is a
 // small program of this package's, and the tests import theirs with
@@ -68,6 +70,8 @@ type Node struct {
 	sysctls map[string]string // saved by saveSysctls
 	// madeShimRoot: the host had no /run/containerd before the node.
 	madeShimRoot bool
+	// cgroupRoot is the kubelet's cgroupRoot, below every hierarchy's root.
+	cgroupRoot string
 }
 
 // shimRoot is where containerd 1.6's shims make their sockets.
@@ -184,6 +188,8 @@ func StartNode(tb testing.TB) *Node {
 	n.importPause()
 
 	// The kubelet, then kube-proxy.
+	n.cgroupRoot = fmt.Sprintf("rlagent-k8stest-%d", os.Getpid())
+	n.makeCgroupRoot()
 	n.startKubelet()
 	n.waitNodeReady(90 * time.Second)
 	n.startKubeProxy()
@@ -402,6 +408,7 @@ func (n *Node) startKubelet() {
 	config := fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 cgroupDriver: cgroupfs
+cgroupRoot: /%s
 failCgroupV1: false
 failSwapOn: false
 containerRuntimeEndpoint: unix://%s
@@ -425,7 +432,7 @@ evictionHard:
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 serializeImagePulls: false
-`, n.sock, n.Addr, filepath.Join(n.dir, "pod-logs"))
+`, n.cgroupRoot, n.sock, n.Addr, filepath.Join(n.dir, "pod-logs"))
 	path := filepath.Join(n.dir, "kubelet.yaml")
 	if err := os.WriteFile(path, []byte(config), 0o644); err != nil {
 		n.tb.Fatal(err)
@@ -546,14 +553,14 @@ func (n *Node) restoreSysctls() {
 
 // teardown stops everything the node started, in order: the pods'
 // processes, the components (the control plane last), containerd's shims,
-// the holder; then it removes the cgroups the kubelet created.
+// the holder; then it removes the node's cgroups.
 func (n *Node) teardown() {
 	if n.tb.Failed() {
 		n.tb.Logf("k8stest: the node's logs, for the failure above:\n%s", n.tails(40))
 	}
 	mnt, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", n.holder.cmd.Process.Pid))
 	// The pods' processes: every process in the kubelet's cgroups.
-	killCgroupProcs()
+	n.killCgroupProcs()
 	for i := len(n.procs) - 1; i >= 0; i-- {
 		if _, err := n.procs[i].stop(stopGrace); err != nil {
 			n.tb.Errorf("k8stest: %v", err)
@@ -581,8 +588,8 @@ func (n *Node) teardown() {
 			n.tb.Errorf("k8stest: processes %v are still in the node's mount namespace", left)
 		}
 	}
-	killCgroupProcs()
-	if err := removeKubeCgroups(); err != nil {
+	n.killCgroupProcs()
+	if err := n.removeKubeCgroups(); err != nil {
 		n.tb.Errorf("k8stest: remove the kubelet's cgroups: %v", err)
 	}
 	n.restoreSysctls()
@@ -593,20 +600,71 @@ func (n *Node) teardown() {
 	}
 }
 
-// kubeCgroupRoots are the cgroups the kubelet creates for pods (cgroupfs
-// driver, cgroupsPerQOS) in every hierarchy.
-func kubeCgroupRoots() []string {
-	roots, _ := filepath.Glob("/sys/fs/cgroup/*/kubepods")
-	if fi, err := os.Stat("/sys/fs/cgroup/kubepods"); err == nil && fi.IsDir() {
-		roots = append(roots, "/sys/fs/cgroup/kubepods")
+// cgroupHierarchies are the mounted cgroup hierarchies (v1 controllers,
+// the named systemd one, the unified one), each once: a symlink such as
+// cpu -> cpu,cpuacct is skipped.
+func cgroupHierarchies() []string {
+	entries, _ := os.ReadDir("/sys/fs/cgroup")
+	var out []string
+	for _, e := range entries {
+		p := filepath.Join("/sys/fs/cgroup", e.Name())
+		if fi, err := os.Lstat(p); err != nil || !fi.IsDir() {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(p, "cgroup.procs")); err == nil {
+			out = append(out, p)
+		}
+	}
+	if _, err := os.Stat("/sys/fs/cgroup/cgroup.procs"); err == nil {
+		out = append(out, "/sys/fs/cgroup") // cgroup v2 only
+	}
+	return out
+}
+
+// makeCgroupRoot creates the kubelet's cgroupRoot in every hierarchy, so
+// that its pods' cgroups are the node's alone (a kubelet of the machine's
+// own keeps its kubepods): cpuset's gets its parent's CPUs and memory nodes,
+// without which no process can join it.
+func (n *Node) makeCgroupRoot() {
+	n.tb.Helper()
+	for _, h := range cgroupHierarchies() {
+		dir := filepath.Join(h, n.cgroupRoot)
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			n.tb.Fatalf("create the node's cgroup root: %v", err)
+		}
+		for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+			if b, err := os.ReadFile(filepath.Join(h, f)); err == nil {
+				if err := os.WriteFile(filepath.Join(dir, f), b, 0o644); err != nil {
+					n.tb.Fatalf("%s of the node's cgroup root: %v", f, err)
+				}
+			}
+		}
+	}
+}
+
+// kubeCgroupRoots are the node's cgroup root in every hierarchy: the
+// kubelet creates its pods' cgroups below it, and nothing else is there.
+func (n *Node) kubeCgroupRoots() []string {
+	if n.cgroupRoot == "" {
+		return nil // not made yet: nothing of the node's (and never a hierarchy's root)
+	}
+	var roots []string
+	for _, h := range cgroupHierarchies() {
+		if dir := filepath.Join(h, n.cgroupRoot); dirExists(dir) {
+			roots = append(roots, dir)
+		}
 	}
 	return roots
 }
 
-// killCgroupProcs kills every process in the kubelet's pod cgroups: the
-// containers of this node (no other kubelet runs here).
-func killCgroupProcs() {
-	for _, root := range kubeCgroupRoots() {
+func dirExists(p string) bool {
+	fi, err := os.Stat(p)
+	return err == nil && fi.IsDir()
+}
+
+// killCgroupProcs kills every process in the node's cgroups: its pods'.
+func (n *Node) killCgroupProcs() {
+	for _, root := range n.kubeCgroupRoots() {
 		filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
 			if err != nil || d.Name() != "cgroup.procs" {
 				return nil
@@ -622,10 +680,11 @@ func killCgroupProcs() {
 	}
 }
 
-// removeKubeCgroups removes the kubelet's cgroups, deepest first.
-func removeKubeCgroups() error {
+// removeKubeCgroups removes the node's cgroups, deepest first, the root
+// last.
+func (n *Node) removeKubeCgroups() error {
 	var errs []error
-	for _, root := range kubeCgroupRoots() {
+	for _, root := range n.kubeCgroupRoots() {
 		var dirs []string
 		filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
 			if err == nil && d.IsDir() {
