@@ -191,7 +191,12 @@ func Load(opts Options) (*Datapath, error) {
 		// Another layout is current: take what can be taken from it.
 		mig, err := d.copyMaps(prev, epochOf(opts.PinDir, prev) == epoch)
 		if err != nil {
+			// The new layout's maps are pinned already: take them away,
+			// or the next Load would take them for a migration begun and
+			// copy nothing. The earlier layout stays current.
 			d.objs.Close()
+			removeMapPins(d.layoutDir)
+			os.Remove(d.layoutDir)
 			return nil, fmt.Errorf("migrate the maps pinned in %s: %w", prev, err)
 		}
 		d.migration = mig

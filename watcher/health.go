@@ -50,7 +50,18 @@ type watchHealth struct {
 	probing bool
 	wake    chan struct{} // closed when down ends
 
-	events sync.Map // informer name -> *eventCounts
+	events sync.Map        // informer name -> *eventCounts
+	run    context.Context // the source's Run: the probe ends with it
+}
+
+// runCtx is the context the probe runs in: the source's, once it runs.
+func (h *watchHealth) runCtx() context.Context {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.run == nil {
+		return context.Background()
+	}
+	return h.run
 }
 
 type failure struct {
@@ -132,7 +143,7 @@ func (h *watchHealth) fail(ctx context.Context, name string, err error) {
 		h.changed()
 	}
 	if startProbe {
-		go h.probeUntilBack(context.WithoutCancel(ctx))
+		go h.probeUntilBack(h.runCtx())
 	}
 }
 
@@ -141,7 +152,15 @@ func (h *watchHealth) fail(ctx context.Context, name string, err error) {
 func (h *watchHealth) probeUntilBack(ctx context.Context) {
 	t := time.NewTicker(h.interval)
 	defer t.Stop()
-	for range t.C {
+	for {
+		select {
+		case <-ctx.Done():
+			h.mu.Lock()
+			h.probing = false
+			h.mu.Unlock()
+			return
+		case <-t.C:
+		}
 		pctx, cancel := context.WithTimeout(ctx, h.interval)
 		err := h.probe(pctx)
 		cancel()

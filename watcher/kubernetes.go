@@ -224,6 +224,9 @@ func (k *Kubernetes) Run(ctx context.Context, notify func()) {
 	k.mu.Lock()
 	k.notify, k.ctx = notify, ctx
 	k.mu.Unlock()
+	k.health.mu.Lock()
+	k.health.run = ctx
+	k.health.mu.Unlock()
 	defer k.queue.ShutDown()
 	defer k.slices.stop()
 	go k.rlInformer.RunWithContext(ctx)

@@ -281,7 +281,10 @@ func (w *StatusWriter) Changed() {
 func (w *StatusWriter) Run(ctx context.Context) {
 	var stop context.CancelFunc
 	var done chan struct{}
-	t := time.NewTicker(10 * time.Second)
+	// Whether to stand is decided locally (the caches, the DaemonSet's
+	// desired count): looked at every second, so that the first election
+	// begins within a second of the caches' sync.
+	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for {
 		_, desired := w.k.Agents()
