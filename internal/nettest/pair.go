@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -29,8 +30,8 @@ type PairConfig struct {
 
 // Pair is two namespaces, A and B, joined by a veth pair that is up, with
 // IPv4 and IPv6 addresses on both ends (IPv6 without duplicate address
-// detection, so the addresses work at once) and permanent neighbor entries
-// for each other's addresses.
+// detection) and permanent neighbor entries for each other's addresses.
+// NewPair returns once both ends are ready to carry the first packet.
 type Pair struct {
 	A, B     *NS
 	IfA, IfB string
@@ -95,6 +96,15 @@ func NewPair(cfg PairConfig) (_ *Pair, err error) {
 	}
 	if err := p.addNeighbors(); err != nil {
 		return nil, err
+	}
+	// Carrier, queue and the IPv6 local routes come after "set up"
+	// returns (see WaitReady): without the wait a test's first datagram
+	// can be lost.
+	deadline := time.Now().Add(5 * time.Second)
+	for _, ns := range []*NS{p.A, p.B} {
+		if err := ns.WaitReady(time.Until(deadline)); err != nil {
+			return nil, fmt.Errorf("veth pair %s/%s: %w", cfg.IfA, cfg.IfB, err)
+		}
 	}
 	return p, nil
 }
