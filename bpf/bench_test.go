@@ -66,7 +66,7 @@ const (
 	// maxRepeat bounds one test_run call (~30 ms at 30 ns/packet).
 	maxRepeat = 1 << 20
 	// rounds of alternating baseline / case measurements per benchmark run.
-	rounds = 5
+	rounds = 15
 	// srcOffset is where the IPv4 source address sits in benchPacket.
 	srcOffset = 14 + 12
 	// minPerRound repetitions make the syscall's cost < 0.1 ns per packet.
@@ -324,6 +324,8 @@ type xdpCase struct {
 	limits  []maps.Limit // ids 0, 1, ...
 	keys    uint32       // > 0: the source address cycles over this many
 	verdict int          // of every packet after warm-up; -1 when it varies
+	peers   bool         // report x-peer and x-peer-lock (one key-less limit)
+	dram    bool         // report x-dram (a table beyond the caches)
 }
 
 func BenchmarkXDP(b *testing.B) {
@@ -345,15 +347,15 @@ func BenchmarkXDP(b *testing.B) {
 	udp.Match = maps.Match{Protocol: maps.UDP}
 
 	cases := []xdpCase{
-		{name: "limits=1", limits: []maps.Limit{highLimit}, verdict: xdpPass},
+		{name: "limits=1", limits: []maps.Limit{highLimit}, verdict: xdpPass, peers: true},
 		// Overload: the first burst passes, then nearly every packet drops
 		// (a few pass as tokens accrue), so the last verdict varies.
-		{name: "overload=1", limits: []maps.Limit{overloadLimit}, verdict: -1},
+		{name: "overload=1", limits: []maps.Limit{overloadLimit}, verdict: -1, peers: true},
 		{name: "keys=1k", limits: []maps.Limit{srcIP}, keys: 1000, verdict: xdpPass},
 		{name: "limits=3", limits: []maps.Limit{highLimit, cidr, udp}, verdict: xdpPass},
 		{name: "configured=64", limits: configured, verdict: xdpPass},
 		// 1<<20 sources; twice as many buckets, so that none is evicted.
-		{name: "keys=1M", opts: maps.Options{MaxBuckets: 1 << 21}, limits: []maps.Limit{srcIP}, keys: 1 << 20, verdict: xdpPass},
+		{name: "keys=1M", opts: maps.Options{MaxBuckets: 1 << 21}, limits: []maps.Limit{srcIP}, keys: 1 << 20, verdict: xdpPass, dram: true},
 	}
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) { benchCase(b, base, c) })
@@ -368,6 +370,8 @@ func benchCase(b *testing.B, base *ebpf.Program, c xdpCase) {
 		mustSet(b, d, uint32(id), l)
 	}
 	rd, ref := loadReference(b, c.opts, c.limits)
+	refs := loadRefs(b, c.limits[0], c.dram)
+	floor, gcra, lock := refs.objs.XdpFloor, refs.objs.XdpPeerGcra, refs.objs.XdpPeerLock
 	pkt := benchPacket()
 	prog, refProg, cycledBase := d.Program(), ref, base
 	if c.keys > 0 {
@@ -379,33 +383,61 @@ func benchCase(b *testing.B, base *ebpf.Program, c xdpCase) {
 		holdInDispatcher(b, refProg)
 	}
 	// Warm-up: leases taken, every key's bucket created, the burst of an
-	// overloaded limit spent.
+	// overloaded limit spent, the DRAM floor's table touched.
 	warm := max(1<<16, 2*int(c.keys))
 	mustRunNs(b, prog, pkt, warm, c.verdict)
 	mustRunNs(b, refProg, pkt, warm, c.verdict)
 	mustRunNs(b, cycledBase, pkt, warm, xdpPass)
+	mustRunNs(b, floor, pkt, warm, c.verdict)
+	if c.peers {
+		mustRunNs(b, gcra, pkt, warm, c.verdict)
+		mustRunNs(b, lock, pkt, warm, c.verdict)
+	}
+	if c.dram {
+		mustRunNs(b, refs.objs.XdpFloorDram, pkt, dramEntries, xdpPass)
+	}
 	b.ResetTimer()
 
 	n := perRound(b)
-	ns := make([]float64, rounds)
-	ratio := make([]float64, rounds)
-	vsRef := make([]float64, rounds)
-	for r := range rounds {
+	var ns, ratio, vsRef []float64
+	vsFloor, vsDRAM, vsGCRA, vsLock := over{ref: "floor"}, over{ref: "floor-dram"}, over{ref: "gcra"}, over{ref: "lock"}
+	for range rounds {
 		bns := mustRunNs(b, base, pkt, n, xdpPass)
 		cns := mustRunNs(b, prog, pkt, n, c.verdict)
 		rns := mustRunNs(b, refProg, pkt, n, c.verdict)
+		fns := mustRunNs(b, floor, pkt, n, c.verdict)
 		if c.keys > 0 {
 			// Take out what the cycler adds, measured in this round.
 			cyc := mustRunNs(b, cycledBase, pkt, n, xdpPass) - bns
 			cns -= cyc
 			rns -= cyc
 		}
-		ns[r], ratio[r], vsRef[r] = cns, cns/bns, cns/rns
+		ns, ratio, vsRef = append(ns, cns), append(ratio, cns/bns), append(vsRef, cns/rns)
+		vsFloor.add(cns, fns, bns)
+		if c.dram {
+			dns := mustRunNs(b, refs.objs.XdpFloorDram, pkt, n, xdpPass)
+			vsDRAM.add(cns, dns, bns)
+		}
+		if c.peers {
+			vsGCRA.add(cns, mustRunNs(b, gcra, pkt, n, c.verdict), bns)
+			vsLock.add(cns, mustRunNs(b, lock, pkt, n, c.verdict), bns)
+		}
 	}
 	b.StopTimer()
 	b.ReportMetric(median(ns), "ns/packet")
 	b.ReportMetric(median(ratio), "x-baseline")
 	b.ReportMetric(median(vsRef), "x-ref")
+	vsFloor.report(b, "x-floor")
+	if c.dram {
+		vsDRAM.report(b, "x-dram")
+	}
+	if c.peers {
+		vsGCRA.report(b, "x-peer")
+		vsLock.report(b, "x-peer-lock")
+		refs.check(b, gcra, c.verdict)
+		refs.check(b, lock, c.verdict)
+	}
+	refs.check(b, floor, c.verdict)
 	checkStats(b, d, c)
 	checkStats(b, rd, c)
 }
@@ -464,10 +496,12 @@ func benchTwoCPUs(b *testing.B, base *ebpf.Program, l maps.Limit, verdict int) {
 	d := newDatapath(b, maps.Options{})
 	mustSet(b, d, 0, l)
 	rd, ref := loadReference(b, maps.Options{}, []maps.Limit{l})
+	refs := loadRefs(b, l, false)
+	floor, gcra, lock := refs.objs.XdpFloor, refs.objs.XdpPeerGcra, refs.objs.XdpPeerLock
 	prog, pkt := d.Program(), benchPacket()
 	holdInDispatcher(b, prog)
 	holdInDispatcher(b, ref)
-	for _, p := range []*ebpf.Program{prog, ref} {
+	for _, p := range []*ebpf.Program{prog, ref, floor, gcra, lock} {
 		for cpu := range 2 {
 			if _, err := runPinned(cpu, p, pkt, 1<<16, verdict); err != nil {
 				b.Fatal(err)
@@ -478,6 +512,14 @@ func benchTwoCPUs(b *testing.B, base *ebpf.Program, l maps.Limit, verdict int) {
 
 	n := perRound(b)
 	var ns, ratio, vsOne, vsRef []float64
+	vsFloor, vsGCRA, vsLock := over{ref: "floor"}, over{ref: "gcra"}, over{ref: "lock"}
+	two := func(p *ebpf.Program, verdict int) float64 {
+		ns, err := twoThreads(p, pkt, n, verdict)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return ns
+	}
 	for r := range rounds {
 		bns := mustRunNs(b, base, pkt, n, xdpPass)
 		// One thread alone, on each CPU in turn across rounds.
@@ -485,24 +527,30 @@ func benchTwoCPUs(b *testing.B, base *ebpf.Program, l maps.Limit, verdict int) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		two, err := twoThreads(prog, pkt, n, verdict)
-		if err != nil {
-			b.Fatal(err)
-		}
-		twoRef, err := twoThreads(ref, pkt, n, verdict)
-		if err != nil {
-			b.Fatal(err)
-		}
-		ns = append(ns, two)
-		ratio = append(ratio, two/bns)
-		vsOne = append(vsOne, two/one)
-		vsRef = append(vsRef, two/twoRef)
+		cns := two(prog, verdict)
+		// The references' ratios subtract the baseline on two threads
+		// too: two vCPUs may share a core, and a parse on each costs more
+		// than one alone.
+		bns2 := two(base, xdpPass)
+		ns = append(ns, cns)
+		ratio = append(ratio, cns/bns)
+		vsOne = append(vsOne, cns/one)
+		vsRef = append(vsRef, cns/two(ref, verdict))
+		vsFloor.add(cns, two(floor, verdict), bns2)
+		vsGCRA.add(cns, two(gcra, verdict), bns2)
+		vsLock.add(cns, two(lock, verdict), bns2)
 	}
 	b.StopTimer()
 	b.ReportMetric(median(ns), "ns/packet")
 	b.ReportMetric(median(ratio), "x-baseline")
 	b.ReportMetric(median(vsOne), "x-1cpu")
 	b.ReportMetric(median(vsRef), "x-ref")
+	vsFloor.report(b, "x-floor")
+	vsGCRA.report(b, "x-peer")
+	vsLock.report(b, "x-peer-lock")
+	for _, p := range []*ebpf.Program{floor, gcra, lock} {
+		refs.check(b, p, verdict)
+	}
 	checkStats(b, d, xdpCase{verdict: verdict})
 	checkStats(b, rd, xdpCase{verdict: verdict})
 }
