@@ -659,14 +659,21 @@ static __always_inline bool rl_protected(const struct pkt *p, const struct rl_co
 	return rules != 0;
 }
 
-/* The LPM entry of addr in the IPv4 or the IPv6 trie of one side, or an
- * empty set. */
-static __always_inline struct rl_mask rl_prefix_limits(void *trie4, void *trie6, __u8 family,
+/* The limits whose prefixes of one side cover addr: for IPv4 the first
+ * stage's entry of its /16 (rl_head4) when no longer prefix lies in that
+ * /16, else the longest-prefix match of the trie (IPv4 or IPv6); an empty
+ * set when no prefix covers it. */
+static __always_inline struct rl_mask rl_prefix_limits(void *head4, void *trie4, void *trie6, __u8 family,
 						       const __u32 addr[4])
 {
 	struct rl_mask none = {}, *m;
 
 	if (family == 4) {
+		__u32 idx = bpf_ntohl(addr[3]) >> (32 - RL_HEAD4_BITS);
+		struct rl_head4 *h = bpf_map_lookup_elem(head4, &idx);
+
+		if (h && !h->deep)
+			return h->m;
 		struct rl_lpm4 k = { .prefixlen = 32, .addr = addr[3] };
 		m = bpf_map_lookup_elem(trie4, &k);
 	} else {
@@ -688,9 +695,9 @@ static __always_inline void rl_classify_cidr(const struct pkt *p, const struct r
 
 	if (p->family) {
 		if (need_src)
-			src = rl_prefix_limits(&rl_src4, &rl_src6, p->family, p->src);
+			src = rl_prefix_limits(&rl_src4_head, &rl_src4, &rl_src6, p->family, p->src);
 		if (need_dst)
-			dst = rl_prefix_limits(&rl_dst4, &rl_dst6, p->family, p->dst);
+			dst = rl_prefix_limits(&rl_dst4_head, &rl_dst4, &rl_dst6, p->family, p->dst);
 	}
 
 #pragma unroll

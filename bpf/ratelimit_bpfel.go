@@ -86,6 +86,7 @@ const (
 	RatelimitRlConstRL_MAX_PROTECT       RatelimitRlConst = 32
 	RatelimitRlConstRL_PROTECT_SIDE      RatelimitRlConst = 131072
 	RatelimitRlConstRL_MAX_HORIZON_NS    RatelimitRlConst = 4000000000
+	RatelimitRlConstRL_HEAD4BITS         RatelimitRlConst = 16
 )
 
 type RatelimitRlDecision struct {
@@ -146,6 +147,13 @@ type RatelimitRlGlobalStats struct {
 	FragFirst        uint64
 	FragUnseen       uint64
 	CacheBypass      uint64
+}
+
+type RatelimitRlHead4 struct {
+	_    structs.HostLayout
+	M    RatelimitRlMask
+	Deep uint32
+	Pad  uint32
 }
 
 type RatelimitRlHook uint32
@@ -316,6 +324,7 @@ const (
 	RatelimitMapRlBuckets       = "rl_buckets"
 	RatelimitMapRlCfg           = "rl_cfg"
 	RatelimitMapRlDst4          = "rl_dst4"
+	RatelimitMapRlDst4Head      = "rl_dst4_head"
 	RatelimitMapRlDst6          = "rl_dst6"
 	RatelimitMapRlFrags         = "rl_frags"
 	RatelimitMapRlGlobal        = "rl_global"
@@ -332,6 +341,7 @@ const (
 	RatelimitMapRlProtoAny      = "rl_proto_any"
 	RatelimitMapRlScratch       = "rl_scratch"
 	RatelimitMapRlSrc4          = "rl_src4"
+	RatelimitMapRlSrc4Head      = "rl_src4_head"
 	RatelimitMapRlSrc6          = "rl_src6"
 	RatelimitMapRlTombstones    = "rl_tombstones"
 	RatelimitProgTcEndpointIn   = "tc_endpoint_in"
@@ -416,6 +426,7 @@ type RatelimitMapSpecs struct {
 	RlBuckets      *ebpf.MapSpec `ebpf:"rl_buckets"`
 	RlCfg          *ebpf.MapSpec `ebpf:"rl_cfg"`
 	RlDst4         *ebpf.MapSpec `ebpf:"rl_dst4"`
+	RlDst4Head     *ebpf.MapSpec `ebpf:"rl_dst4_head"`
 	RlDst6         *ebpf.MapSpec `ebpf:"rl_dst6"`
 	RlFrags        *ebpf.MapSpec `ebpf:"rl_frags"`
 	RlGlobal       *ebpf.MapSpec `ebpf:"rl_global"`
@@ -432,6 +443,7 @@ type RatelimitMapSpecs struct {
 	RlProtoAny     *ebpf.MapSpec `ebpf:"rl_proto_any"`
 	RlScratch      *ebpf.MapSpec `ebpf:"rl_scratch"`
 	RlSrc4         *ebpf.MapSpec `ebpf:"rl_src4"`
+	RlSrc4Head     *ebpf.MapSpec `ebpf:"rl_src4_head"`
 	RlSrc6         *ebpf.MapSpec `ebpf:"rl_src6"`
 	RlTombstones   *ebpf.MapSpec `ebpf:"rl_tombstones"`
 }
@@ -482,6 +494,7 @@ type RatelimitMaps struct {
 	RlBuckets      *ebpf.Map `ebpf:"rl_buckets"`
 	RlCfg          *ebpf.Map `ebpf:"rl_cfg"`
 	RlDst4         *ebpf.Map `ebpf:"rl_dst4"`
+	RlDst4Head     *ebpf.Map `ebpf:"rl_dst4_head"`
 	RlDst6         *ebpf.Map `ebpf:"rl_dst6"`
 	RlFrags        *ebpf.Map `ebpf:"rl_frags"`
 	RlGlobal       *ebpf.Map `ebpf:"rl_global"`
@@ -498,6 +511,7 @@ type RatelimitMaps struct {
 	RlProtoAny     *ebpf.Map `ebpf:"rl_proto_any"`
 	RlScratch      *ebpf.Map `ebpf:"rl_scratch"`
 	RlSrc4         *ebpf.Map `ebpf:"rl_src4"`
+	RlSrc4Head     *ebpf.Map `ebpf:"rl_src4_head"`
 	RlSrc6         *ebpf.Map `ebpf:"rl_src6"`
 	RlTombstones   *ebpf.Map `ebpf:"rl_tombstones"`
 }
@@ -507,6 +521,7 @@ func (m *RatelimitMaps) Close() error {
 		m.RlBuckets,
 		m.RlCfg,
 		m.RlDst4,
+		m.RlDst4Head,
 		m.RlDst6,
 		m.RlFrags,
 		m.RlGlobal,
@@ -523,6 +538,7 @@ func (m *RatelimitMaps) Close() error {
 		m.RlProtoAny,
 		m.RlScratch,
 		m.RlSrc4,
+		m.RlSrc4Head,
 		m.RlSrc6,
 		m.RlTombstones,
 	)

@@ -49,6 +49,10 @@ type classifier struct {
 	protoAny [bpf.RatelimitRlProtoClassRL_PROTO_ANY_ENTRIES]mask
 	ports    []mask // class x 65536 + port, TCP and UDP
 	src, dst map[netip.Prefix]mask
+	// src4Head, dst4Head are the first stage of the IPv4 prefix match, one
+	// entry per /16 (heads4): derived from src and dst, or read from the
+	// maps.
+	src4Head, dst4Head []head4
 	// unfolded: read from a port table whose entries lack their class's
 	// protoAny limits (written by an older version); apply rewrites them all.
 	unfolded bool
@@ -60,10 +64,54 @@ func (c *classifier) portEntry(i int) mask { return or(c.ports[i], c.protoAny[i/
 
 func newClassifier() *classifier {
 	return &classifier{
-		ports: make([]mask, 2*portSpace),
-		src:   make(map[netip.Prefix]mask),
-		dst:   make(map[netip.Prefix]mask),
+		ports:    make([]mask, 2*portSpace),
+		src:      make(map[netip.Prefix]mask),
+		dst:      make(map[netip.Prefix]mask),
+		src4Head: make([]head4, head4Entries),
+		dst4Head: make([]head4, head4Entries),
 	}
+}
+
+type head4 = bpf.RatelimitRlHead4
+
+const (
+	head4Bits    = int(bpf.RatelimitRlConstRL_HEAD4BITS)
+	head4Entries = 1 << head4Bits
+)
+
+// heads4 derives the first stage of the IPv4 prefix match from the
+// prefixes of one side (each with its limits and those of the prefixes
+// covering it, as prefixMasks gives them): each /16 gets the limits of the
+// longest prefix of /16 or shorter that covers it, which is what the trie
+// answers for its addresses unless a longer prefix lies in the /16; then it
+// is deep, and the data path asks the trie. Prefixes of one length are
+// disjoint, so each length writes every entry at most once.
+func heads4(prefixes map[netip.Prefix]mask, out []head4) {
+	clear(out)
+	var short []netip.Prefix
+	for p := range prefixes {
+		if !p.Addr().Is4() {
+			continue
+		}
+		if p.Bits() > head4Bits {
+			out[head4Index(p.Addr())].Deep = 1
+			continue
+		}
+		short = append(short, p)
+	}
+	slices.SortFunc(short, func(a, b netip.Prefix) int { return a.Bits() - b.Bits() })
+	for _, p := range short {
+		first := head4Index(p.Addr())
+		for i := range 1 << (head4Bits - p.Bits()) {
+			out[first+i].M = prefixes[p]
+		}
+	}
+}
+
+// head4Index is the first-stage entry of an IPv4 address: its first 16 bits.
+func head4Index(a netip.Addr) int {
+	b := a.As4()
+	return int(b[0])<<8 | int(b[1])
 }
 
 const (
@@ -157,6 +205,8 @@ func buildClassifier(limits map[uint32]*installed, prev *bpf.RatelimitRlConfig, 
 	}
 	c.src = prefixMasks(limits, func(m *Match) []netip.Prefix { return m.SrcCIDRs })
 	c.dst = prefixMasks(limits, func(m *Match) []netip.Prefix { return m.DstCIDRs })
+	heads4(c.src, c.src4Head)
+	heads4(c.dst, c.dst4Head)
 	return c
 }
 
@@ -236,10 +286,10 @@ func (d *Datapath) apply(cur, next *classifier) error {
 			}
 		}
 	}
-	if err := d.applyPrefixes("source", d.objs.RlSrc4, d.objs.RlSrc6, cur.src, next.src); err != nil {
+	if err := d.applyPrefixes("source", d.objs.RlSrc4Head, d.objs.RlSrc4, d.objs.RlSrc6, cur.src, next.src, cur.src4Head, next.src4Head); err != nil {
 		return err
 	}
-	if err := d.applyPrefixes("destination", d.objs.RlDst4, d.objs.RlDst6, cur.dst, next.dst); err != nil {
+	if err := d.applyPrefixes("destination", d.objs.RlDst4Head, d.objs.RlDst4, d.objs.RlDst6, cur.dst, next.dst, cur.dst4Head, next.dst4Head); err != nil {
 		return err
 	}
 	if err := d.objs.RlCfg.Put(zero, &next.cfg); err != nil {
@@ -266,7 +316,12 @@ func interimConfig(cur, next *bpf.RatelimitRlConfig) bpf.RatelimitRlConfig {
 	return interim
 }
 
-func (d *Datapath) applyPrefixes(side string, m4, m6 *ebpf.Map, cur, next map[netip.Prefix]mask) error {
+// applyPrefixes writes one side's prefixes: the tries' new and changed
+// entries, then the first stage, then the tries lose the prefixes that go.
+// A /16 that becomes deep has its longer prefixes in the trie before the
+// first stage sends packets there; one that stops being deep answers from
+// the first stage before they leave the trie.
+func (d *Datapath) applyPrefixes(side string, head, m4, m6 *ebpf.Map, cur, next map[netip.Prefix]mask, curHead, nextHead []head4) error {
 	for p, m := range next {
 		if old, ok := cur[p]; ok && old == m {
 			continue
@@ -279,6 +334,19 @@ func (d *Datapath) applyPrefixes(side string, m4, m6 *ebpf.Map, cur, next map[ne
 		}
 		if err != nil {
 			return fmt.Errorf("write %s prefix %s: %w", side, p, tableErr(err))
+		}
+	}
+	var keys []uint32
+	var vals []head4
+	for i := range nextHead {
+		if nextHead[i] != curHead[i] {
+			keys = append(keys, uint32(i))
+			vals = append(vals, nextHead[i])
+		}
+	}
+	if len(keys) > 0 {
+		if _, err := head.BatchUpdate(keys, vals, nil); err != nil {
+			return fmt.Errorf("write %s prefixes' first stage: %w", side, err)
 		}
 	}
 	for p := range cur {
@@ -318,6 +386,12 @@ func (d *Datapath) readClassifier() (*classifier, error) {
 			c.unfolded = true
 		}
 		c.ports[i] = andNot(m, any)
+	}
+	if err := readArray(d.objs.RlSrc4Head, c.src4Head); err != nil {
+		return nil, fmt.Errorf("read source prefixes' first stage: %w", err)
+	}
+	if err := readArray(d.objs.RlDst4Head, c.dst4Head); err != nil {
+		return nil, fmt.Errorf("read destination prefixes' first stage: %w", err)
 	}
 	var v mask
 	for _, t := range []struct {

@@ -435,3 +435,63 @@ func TestInterimConfig(t *testing.T) {
 		t.Errorf("interim dst_cidr = limits %v, want %v", idsOf(got), idsOf(want))
 	}
 }
+
+// TestHeads4Random: for random sets of nested IPv4 and IPv6 prefixes, the
+// first stage answers for every /16 exactly the limits whose prefixes
+// contain its addresses when no longer prefix lies in it, and is deep
+// exactly when one does.
+func TestHeads4Random(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	out := make([]head4, head4Entries)
+	for round := range 50 {
+		ls := map[uint32]Limit{}
+		var all []netip.Prefix
+		for id := range uint32(1 + r.IntN(12)) {
+			var ps []netip.Prefix
+			for range 1 + r.IntN(3) {
+				var p netip.Prefix
+				if r.IntN(8) == 0 {
+					var a [16]byte
+					a[0], a[1] = 0x20, 0x01
+					p = netip.PrefixFrom(netip.AddrFrom16(a), r.IntN(129)).Masked()
+				} else {
+					// Mostly inside 10/8, to nest.
+					v := r.Uint32()
+					if r.IntN(2) == 0 {
+						v = 10<<24 | v&0x00ffffff
+					}
+					a := netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+					p = netip.PrefixFrom(a, r.IntN(33)).Masked()
+				}
+				ps = append(ps, p)
+				all = append(all, p)
+			}
+			ls[id] = Limit{Match: Match{SrcCIDRs: ps}}
+		}
+		heads4(prefixMasks(installedSet(ls), func(m *Match) []netip.Prefix { return m.SrcCIDRs }), out)
+		for i := range head4Entries {
+			block := netip.PrefixFrom(netip.AddrFrom4([4]byte{byte(i >> 8), byte(i)}), 16)
+			deep := false
+			for _, p := range all {
+				deep = deep || p.Addr().Is4() && p.Bits() > 16 && block.Contains(p.Addr())
+			}
+			if got := out[i].Deep == 1; got != deep {
+				t.Fatalf("round %d: %s deep %v, want %v (prefixes %v)", round, block, got, deep, all)
+			}
+			if deep {
+				continue
+			}
+			var want mask
+			for id, l := range ls {
+				for _, p := range l.Match.SrcCIDRs {
+					if p.Addr().Is4() && p.Bits() <= 16 && p.Contains(block.Addr()) {
+						setBit(&want, id)
+					}
+				}
+			}
+			if out[i].M != want {
+				t.Fatalf("round %d: %s answers limits %v, want %v (prefixes %v)", round, block, idsOf(out[i].M), idsOf(want), all)
+			}
+		}
+	}
+}

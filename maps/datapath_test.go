@@ -176,6 +176,16 @@ func diffClassifier(a, b *classifier) []string {
 			out = append(out, fmt.Sprintf("%s prefixes %v != %v", side.name, side.a, side.b))
 		}
 	}
+	for _, side := range []struct {
+		name string
+		a, b []head4
+	}{{"src", a.src4Head, b.src4Head}, {"dst", a.dst4Head, b.dst4Head}} {
+		for i := range side.a {
+			if side.a[i] != side.b[i] {
+				out = append(out, fmt.Sprintf("%s first stage [%d.%d] %+v != %+v", side.name, i>>8, i&255, side.a[i], side.b[i]))
+			}
+		}
+	}
 	return out
 }
 

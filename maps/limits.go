@@ -8,6 +8,7 @@ import (
 	"math/bits"
 	"net/netip"
 	"reflect"
+	"slices"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -313,6 +314,20 @@ func (d *Datapath) adopt() error {
 			return fmt.Errorf("rewrite port table: %w", err)
 		}
 		cls = &folded
+	}
+	// The first stage of the IPv4 prefix match is derived from the
+	// tries. Maps of a version without it (a migration copies the tries
+	// and starts it empty) get it here, before a packet of the new
+	// programs reads it; so do maps where it went astray.
+	derived := *cls
+	derived.src4Head, derived.dst4Head = make([]head4, head4Entries), make([]head4, head4Entries)
+	heads4(cls.src, derived.src4Head)
+	heads4(cls.dst, derived.dst4Head)
+	if !slices.Equal(derived.src4Head, cls.src4Head) || !slices.Equal(derived.dst4Head, cls.dst4Head) {
+		if err := d.apply(cls, &derived); err != nil {
+			return fmt.Errorf("rewrite the prefixes' first stage: %w", err)
+		}
+		cls = &derived
 	}
 	if cls.cfg.Seed == [2]uint64{} {
 		// New maps: key the hash of the keyed buckets. Kept in the pinned

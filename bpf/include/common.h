@@ -30,6 +30,7 @@ enum rl_const {
 	RL_MAX_PROTECT = 32,	/* protect rules: one bit each in a __u32 */
 	RL_PROTECT_SIDE = 2 * 65536, /* rl_protect_ports: local ports, then remote ports */
 	RL_MAX_HORIZON_NS = 4000000000U, /* a paced limit's horizon: at most 4 s (fits rl_limit.horizon_ns) */
+	RL_HEAD4_BITS = 16,	/* the IPv4 prefixes the first stage answers alone: /16 and shorter */
 };
 
 /* What happens to a packet that finds its bucket empty. */
@@ -223,6 +224,17 @@ struct rl_frag_info {
 struct rl_lpm4 {
 	__u32 prefixlen;
 	__u32 addr;		/* network byte order */
+};
+
+/* The first stage of the IPv4 prefix match (rl_src4_head, rl_dst4_head):
+ * one entry per /16, indexed by an address's first 16 bits. m is what the
+ * trie would answer for every address of the /16 (the limits of the longest
+ * prefix of /16 or shorter that covers it); deep says that a longer prefix
+ * lies inside the /16, so that the trie must be asked. */
+struct rl_head4 {
+	struct rl_mask m;
+	__u32 deep;
+	__u32 pad;
 };
 
 struct rl_lpm6 {

@@ -89,6 +89,27 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } rl_dst6 SEC(".maps");
 
+/* The first stage of rl_src4 / rl_dst4: an address's first RL_HEAD4_BITS
+ * bits -> the answer of the trie for the whole /16, unless a longer prefix
+ * lies in it (struct rl_head4). ARRAY: an inlined index where a trie lookup
+ * is a helper call walking up to 32 nodes (~20 ns). User space writes it
+ * from the same prefixes as the tries. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1 << RL_HEAD4_BITS);
+	__type(key, __u32);
+	__type(value, struct rl_head4);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} rl_src4_head SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1 << RL_HEAD4_BITS);
+	__type(key, __u32);
+	__type(value, struct rl_head4);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} rl_dst4_head SEC(".maps");
+
 /* limit id -> counters and the token cache of a key-less limit.
  * PERCPU: written from softirq on one CPU, no atomics needed. */
 struct {
