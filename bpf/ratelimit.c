@@ -50,8 +50,11 @@
  * - An over-limit packet costs the clock read and, at most once per chunk of
  *   refill per CPU, one look at the shared pool (see bucket.h).
  * - A key seen for the first time gets a full bucket (burst). A key whose
- *   bucket was evicted (rl_buckets full) comes back with a full bucket too:
- *   it gains at most one burst per eviction. new_keys + returned_keys counts
+ *   bucket was evicted (rl_buckets full) comes back where the bucket would
+ *   be now, if its tombstone set remembers it (rl_tomb_note), and with a
+ *   full bucket if not (owing nothing, or crowded out of a set of indebted
+ *   keys): it gains at most one burst per eviction it is forgotten in.
+ *   new_keys + returned_keys counts
  *   every bucket created, so creations minus live buckets is the exact
  *   number of evictions (maps.Evictions); returned_keys tells which
  *   creations were returns, as long as the key's cache slot or tombstone
@@ -70,7 +73,7 @@
 char __license[] SEC("license") = "Dual BSD/GPL";
 
 /* Size of rl_tombstones minus one; set by user space with the map's size. */
-volatile const __u32 rl_tombstone_mask = 262143;
+volatile const __u32 rl_tombstone_mask = 65535;
 
 /* Forces BTF for the types only user space uses, so bpf2go can export them. */
 const enum rl_const *_rl_const __attribute__((unused));
@@ -340,37 +343,126 @@ static __always_inline __u32 rl_key_victim(const struct rl_key_set *set,
 	return RL_KEY_CACHE_WAYS;
 }
 
+/* A keyed bucket's set of rl_tombstones and its fingerprint there. The
+ * hash is mixed once more first: below its top bits (the key cache's set)
+ * a bit of rl_hash depends only on the key's bits below it, so that 768
+ * consecutive IPv4 sources fell into 96 sets. */
+static __always_inline struct rl_tomb_set *rl_tomb_of(__u64 h, __u32 *fp)
+{
+	__u32 tidx;
+
+	h ^= h >> 29;
+	h *= 0xbf58476d1ce4e5b9ULL;
+	h ^= h >> 32;
+	tidx = (__u32)(h >> 32) & rl_tombstone_mask;
+	*fp = (__u32)h | 1;
+	return bpf_map_lookup_elem(&rl_tombstones, &tidx);
+}
+
+_Static_assert(RL_TOMB_WAYS == 4, "rl_tomb_way unrolls four ways");
+
+/* The way of t holding fp, or RL_TOMB_WAYS. */
+static __always_inline __u32 rl_tomb_way(const struct rl_tomb_set *t, __u32 fp)
+{
+	if (t->way[0].fp == fp)
+		return 0;
+	if (t->way[1].fp == fp)
+		return 1;
+	if (t->way[2].fp == fp)
+		return 2;
+	if (t->way[3].fp == fp)
+		return 3;
+	return RL_TOMB_WAYS;
+}
+
+/* The most a bucket can owe, in 2^RL_TOMB_SHIFT ns units, rounded up. */
+#define RL_TOMB_MAX_OWED (((RL_MAX_BURST_SECONDS * NSEC_PER_SEC + RL_MAX_HORIZON_NS) >> RL_TOMB_SHIFT) + 2)
+_Static_assert(RL_TOMB_MAX_OWED < (1ULL << 30), "a debt fits rl_tomb's half range, with room for stale entries");
+
+/* How long until full_at, in 2^RL_TOMB_SHIFT ns units; 0: it is full, or
+ * the entry is stale (older than the wrap, seen as further ahead than any
+ * bucket can owe). */
+static __always_inline __s32 rl_tomb_owes(__u32 full_at, __u64 now)
+{
+	__s32 o = (__s32)(full_at - (__u32)(now >> RL_TOMB_SHIFT));
+
+	return o > 0 && o <= (__s32)RL_TOMB_MAX_OWED ? o : 0;
+}
+
+/* Notes a keyed bucket's state after its pool moved (a lease, a draw, a
+ * reservation): when it will be full again. It keeps its way, or takes one
+ * that owes nothing. A way that owes is never taken: in a set of more
+ * buckets that owe than ways, the ones there stay remembered and the others
+ * are forgotten, rather than each forgetting the other in turn. */
+static __always_inline void rl_tomb_note(__u64 h, const struct rl_pool *pool, const struct rl_params *p,
+					 __u64 now)
+{
+	__u64 v = rl_vclock(p, now), owed = READ_ONCE_U64(pool->v_empty) + p->burst;
+	__u32 fp, w, full_at;
+	struct rl_tomb_set *t = rl_tomb_of(h, &fp);
+
+	if (!t)
+		return;
+	/* Rounded up: a returning key waits at most one unit longer. */
+	full_at = owed > v ? (__u32)((now + rl_accrual_ns(p, owed - v) + (1 << RL_TOMB_SHIFT) - 1) >> RL_TOMB_SHIFT)
+			   : (__u32)(now >> RL_TOMB_SHIFT);
+	w = rl_tomb_way(t, fp);
+	if (w >= RL_TOMB_WAYS) {
+		if (owed <= v)
+			return;	/* full: nothing to remember */
+		for (int i = 0; i < RL_TOMB_WAYS; i++) {
+			if (!t->way[i].fp || rl_tomb_owes(t->way[i].full_at, now) <= 0) {
+				w = i;
+				break;
+			}
+		}
+		if (w >= RL_TOMB_WAYS)
+			return;	/* every way owes: forgotten */
+		t->way[w & 3].fp = fp;
+	}
+	t->way[w & 3].full_at = full_at;
+}
+
 /* Finds or creates the shared pool of a keyed bucket. A new pool cancels
  * the cache's (c, if any) wait for the old one (retry_ns), which an
  * eviction took away.
  * A new pool for a key this CPU's cache still holds (cached), or whose
- * fingerprint is still in its tombstone slot, is a returning key. */
+ * fingerprint is still in its tombstone set, is a returning key; one its
+ * tombstone says is not full yet starts as the evicted bucket would be now
+ * (empty until full_at, then full at the limit's rate): v_empty =
+ * V(full_at) - burst. Any other starts full: v_empty 0 is far below V. */
 static __always_inline struct rl_pool *rl_bucket_pool(const struct rl_bucket_key *k, __u64 h,
 						      struct rl_stats *st, struct rl_cache *c,
-						      bool cached)
+						      bool cached, const struct rl_params *p, __u64 now)
 {
 	struct rl_pool *pool = bpf_map_lookup_elem(&rl_buckets, k);
 	struct rl_pool fresh = {};
-	__u32 tidx, fp;
-	__u32 *tomb;
+	struct rl_tomb_set *t;
+	__u32 fp, w = RL_TOMB_WAYS;
 
 	if (pool)
 		return pool;
 
-	/* v_empty 0 is far below V: the new bucket starts full. */
+	t = rl_tomb_of(h, &fp);
+	if (t) {
+		w = rl_tomb_way(t, fp);
+		if (w < RL_TOMB_WAYS) {
+			__s32 o = rl_tomb_owes(t->way[w & 3].full_at, now);
+
+			if (o > 0) {
+				__u64 v = rl_vclock(p, now + ((__u64)o << RL_TOMB_SHIFT));
+
+				fresh.v_empty = v > p->burst ? v - p->burst : 0;
+			}
+		}
+	}
 	if (bpf_map_update_elem(&rl_buckets, k, &fresh, BPF_NOEXIST) == 0) {
 		if (c)
 			c->retry_ns = 0;
-		tidx = (h >> 20) & rl_tombstone_mask;
-		fp = (__u32)(h >> 8) | 1;
-		tomb = bpf_map_lookup_elem(&rl_tombstones, &tidx);
-		if (cached || (tomb && *tomb == fp)) {
+		if (cached || w < RL_TOMB_WAYS)
 			st->returned_keys++;
-		} else {
+		else
 			st->new_keys++;
-		}
-		if (tomb)
-			*tomb = fp;
 	}
 	return bpf_map_lookup_elem(&rl_buckets, k);
 }
@@ -399,13 +491,19 @@ static __always_inline int rl_check_direct(const struct pkt *p, struct match *m,
 	int state;
 
 	rl_global_count(G_CACHE_BYPASS);
-	pool = rl_bucket_pool(&r->k, r->h, &lc->stats, NULL, false);
+	const struct rl_params *pp = &lim->params[lim->active & 1];
+
+	pool = rl_bucket_pool(&r->k, r->h, &lc->stats, NULL, false, pp, rl_now(now));
 	if (!pool) {
 		rl_global_count(G_POOL_FULL);
 		return MATCH_FAIL_OPEN;
 	}
-	state = rl_lease_state(rl_draw(pool, &lim->params[lim->active & 1], m->cost, rl_now(now)), lim);
-	return state == MATCH_ADMIT ? MATCH_ADMIT_DRAWN : state;
+	state = rl_lease_state(rl_draw(pool, pp, m->cost, *now), lim);
+	if (state == MATCH_ADMIT) {
+		rl_tomb_note(r->h, pool, pp, *now);
+		return MATCH_ADMIT_DRAWN;
+	}
+	return state;
 }
 
 /* A paced limit's decision: reserves the packet's cost from the limit's
@@ -418,7 +516,7 @@ static __always_inline int rl_check_pace(const struct pkt *p, struct rl_decision
 	enum rl_lease_result r;
 	struct rl_pool *pool;
 	__u32 id = m->id;
-	__u64 wait = 0;
+	__u64 wait = 0, h = 0;
 
 	if (lim->key_kind == RL_KEY_NONE) {
 		pool = bpf_map_lookup_elem(&rl_pools, &id);
@@ -428,7 +526,10 @@ static __always_inline int rl_check_pace(const struct pkt *p, struct rl_decision
 		struct rl_bucket_key k = { .limit = id, .gen = lim->gen };
 
 		rl_bucket_key(lim, p, &k);
-		pool = rl_bucket_pool(&k, rl_hash(d->seed, id, lim->gen, k.addr), &lc->stats, NULL, false);
+		h = rl_hash(d->seed, id, lim->gen, k.addr);
+		if (!d->pace_now)
+			d->pace_now = rl_pace_clock_read();
+		pool = rl_bucket_pool(&k, h, &lc->stats, NULL, false, &lim->params[lim->active & 1], d->pace_now);
 		if (!pool) {
 			rl_global_count(G_POOL_FULL);
 			return MATCH_FAIL_OPEN;
@@ -439,6 +540,8 @@ static __always_inline int rl_check_pace(const struct pkt *p, struct rl_decision
 	r = rl_reserve(pool, &lim->params[lim->active & 1], m->cost, d->pace_now, lim->horizon_ns, &wait);
 	switch (r) {
 	case RL_LEASE_OK:
+		if (h)
+			rl_tomb_note(h, pool, &lim->params[lim->active & 1], d->pace_now);
 		m->wait_ns = wait;
 		return MATCH_ADMIT_DRAWN;
 	case RL_LEASE_SHORT:
@@ -462,6 +565,8 @@ __noinline int rl_check(const struct pkt *p, struct rl_decision *d, __u32 i)
 	struct rl_limit *lim;
 	struct rl_cache *c;
 	struct match *m;
+	enum rl_lease_result lr;
+	__u64 h = 0;	/* a keyed bucket's hash */
 	__u32 id;
 
 	if (!p || !d || i >= RL_MAX_MATCH)
@@ -514,11 +619,13 @@ __noinline int rl_check(const struct pkt *p, struct rl_decision *d, __u32 i)
 		}
 		if (c->tokens >= m->cost)
 			return MATCH_ADMIT;
-		pool = rl_bucket_pool(&r.k, r.h, &lc->stats, c, cached);
+		pool = rl_bucket_pool(&r.k, r.h, &lc->stats, c, cached, &lim->params[lim->active & 1],
+				      rl_now(&d->now));
 		if (!pool) {
 			rl_global_count(G_POOL_FULL);
 			return MATCH_FAIL_OPEN;
 		}
+		h = r.h;
 	}
 
 	if (c->gen != lim->gen) {
@@ -535,8 +642,10 @@ __noinline int rl_check(const struct pkt *p, struct rl_decision *d, __u32 i)
 		if (!pool)
 			return MATCH_FAIL_OPEN;
 	}
-	return rl_lease_state(rl_lease(pool, c, &lim->params[lim->active & 1], lim->seq,
-				       m->cost, rl_now(&d->now)), lim);
+	lr = rl_lease(pool, c, &lim->params[lim->active & 1], lim->seq, m->cost, rl_now(&d->now));
+	if (h && lr == RL_LEASE_OK)
+		rl_tomb_note(h, pool, &lim->params[lim->active & 1], d->now);
+	return rl_lease_state(lr, lim);
 }
 
 /* Gives a draw made at check time (rl_check_direct, rl_check_pace) back to

@@ -87,6 +87,8 @@ const (
 	RatelimitRlConstRL_PROTECT_SIDE      RatelimitRlConst = 131072
 	RatelimitRlConstRL_MAX_HORIZON_NS    RatelimitRlConst = 4000000000
 	RatelimitRlConstRL_HEAD4BITS         RatelimitRlConst = 16
+	RatelimitRlConstRL_TOMB_WAYS         RatelimitRlConst = 4
+	RatelimitRlConstRL_TOMB_SHIFT        RatelimitRlConst = 22
 )
 
 type RatelimitRlDecision struct {
@@ -307,6 +309,17 @@ type RatelimitRlTestClock struct {
 	_    structs.HostLayout
 	Now  uint64
 	Step uint64
+}
+
+type RatelimitRlTomb struct {
+	_      structs.HostLayout
+	Fp     uint32
+	FullAt uint32
+}
+
+type RatelimitRlTombSet struct {
+	_   structs.HostLayout
+	Way [4]RatelimitRlTomb
 }
 
 type RatelimitRlUnit uint32

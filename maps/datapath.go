@@ -132,9 +132,11 @@ func Load(opts Options) (*Datapath, error) {
 		}
 	}
 	spec.Maps[bpf.RatelimitMapRlBuckets].MaxEntries = opts.MaxBuckets
-	// Tombstones: four slots per bucket, a power of two, so that a returning
-	// key is still recognised after a few other keys have come and gone.
-	tomb := uint32(1) << bits.Len32(4*opts.MaxBuckets-1)
+	// Tombstones: a set of RL_TOMB_WAYS per bucket (rounded up to a power
+	// of two), so that a returning key is still recognised, and starts
+	// where its evicted bucket would be, after other keys have come and
+	// gone.
+	tomb := uint32(1) << bits.Len32(opts.MaxBuckets-1)
 	spec.Maps[bpf.RatelimitMapRlTombstones].MaxEntries = tomb
 	if err := spec.Variables["rl_tombstone_mask"].Set(tomb - 1); err != nil {
 		return nil, fmt.Errorf("set tombstone mask: %w", err)

@@ -30,7 +30,9 @@ enum rl_const {
 	RL_MAX_PROTECT = 32,	/* protect rules: one bit each in a __u32 */
 	RL_PROTECT_SIDE = 2 * 65536, /* rl_protect_ports: local ports, then remote ports */
 	RL_MAX_HORIZON_NS = 4000000000U, /* a paced limit's horizon: at most 4 s (fits rl_limit.horizon_ns) */
-	RL_HEAD4_BITS = 16,	/* the IPv4 prefixes the first stage answers alone: /16 and shorter */
+	RL_HEAD4_BITS = 16,
+	RL_TOMB_WAYS = 4,	/* buckets remembered per set of rl_tombstones */
+	RL_TOMB_SHIFT = 22,	/* rl_tomb.full_at counts 2^22 ns (~4.2 ms, a jiffy at HZ=250) */	/* the IPv4 prefixes the first stage answers alone: /16 and shorter */
 };
 
 /* What happens to a packet that finds its bucket empty. */
@@ -292,6 +294,24 @@ struct rl_bucket_key {
 /* A bucket's shared pool: see struct rl_params. Updated with compare-and-swap. */
 struct rl_pool {
 	__u64 v_empty;
+};
+
+/* What the data path remembers of a keyed bucket after the LRU may have
+ * evicted it (rl_tombstones): its fingerprint (bits of its hash, never 0)
+ * and when it will be full again, in units of 2^RL_TOMB_SHIFT ns of its
+ * limit's clock, rounded up, modulo 2^32 (208 days). A bucket that is full
+ * by then owes nothing: forgetting it costs nothing. No bucket owes more
+ * than its burst's worth of time (RL_MAX_BURST_SECONDS) and a paced
+ * limit's horizon: a full_at further ahead is a stale entry seen through
+ * the wrap, and owes nothing. */
+struct rl_tomb {
+	__u32 fp;
+	__u32 full_at;
+};
+
+/* One set of rl_tombstones: the buckets whose hash selects it. */
+struct rl_tomb_set {
+	struct rl_tomb way[RL_TOMB_WAYS];
 };
 
 /* One slot of the per-CPU keyed-bucket cache. */

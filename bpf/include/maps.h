@@ -166,16 +166,19 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } rl_key_cache SEC(".maps");
 
-/* hash(bucket) & mask -> fingerprint of the last new bucket that hashed here.
- * ARRAY: a new bucket whose fingerprint is already here had a bucket before,
- * so it was evicted: counted as returned_keys. A later key that lands on the
- * same slot overwrites it, so with many more keys than slots the count is a
- * lower bound. Sized by user space (power of two, rl_tombstone_mask). */
+/* hash(bucket) -> up to RL_TOMB_WAYS keyed buckets that owe tokens (struct
+ * rl_tomb): a bucket created for a key whose fingerprint is in its set had
+ * a bucket before, evicted since. It counts as returned_keys and starts
+ * where the evicted one would be now: empty until the time it noted, full
+ * then, not with a fresh burst. A bucket notes itself at each lease; it
+ * takes a way that owes nothing, never one that owes. ARRAY sized by user space (a power of two, rl_tombstone_mask): a
+ * key the sets cannot hold is forgotten, and then counts as new and starts
+ * full. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 262144);
+	__uint(max_entries, 65536);
 	__type(key, __u32);
-	__type(value, __u32);
+	__type(value, struct rl_tomb_set);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } rl_tombstones SEC(".maps");
 
