@@ -15,6 +15,9 @@
 //	go test -run '^$' -bench . -count 3 ./bpf/ > bench.out
 //	go run ./internal/benchtable < bench.out
 //
+// After the table it prints the data path's performance targets (targets.go)
+// whose benchmarks ran: each figure, its bound, and met or missed.
+//
 // It exits non-zero when the input holds no benchmark result line, so that a
 // run where every benchmark skipped (no root) does not print an empty table.
 //
@@ -45,7 +48,10 @@ func run(in io.Reader, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	return t.writeMarkdown(out)
+	if err := t.writeMarkdown(out); err != nil {
+		return err
+	}
+	return t.writeTargets(out)
 }
 
 // errNoBenchmarks is returned by parse when the input has no result line.

@@ -122,3 +122,39 @@ func TestNoBenchmarks(t *testing.T) {
 		t.Fatalf("run = %v, want %v", err, errNoBenchmarks)
 	}
 }
+
+// TestTargets: the targets read the medians of the cells they name, derive
+// the extra-limit cost and the ratio to x/time/rate, mark what misses, and
+// leave out what did not run.
+func TestTargets(t *testing.T) {
+	const out = `BenchmarkXDP/limits=1-2 	1000	20.0 ns/op	10.0 ns/packet	1.5 x-floor	0.5 x-peer
+BenchmarkXDP/limits=1-2 	1000	20.0 ns/op	10.0 ns/packet	1.7 x-floor	0.7 x-peer
+BenchmarkXDP/limits=1-2 	1000	20.0 ns/op	10.0 ns/packet	1.4 x-floor	0.5 x-peer
+BenchmarkXDP/limits=3-2 	1000	20.0 ns/op	30.0 ns/packet	4.5 x-floor
+BenchmarkRateAllow-2    	1000	90.0 ns/op	90.0 ns/packet
+`
+	tab, err := parse(strings.NewReader(out))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	if err := tab.writeTargets(&b); err != nil {
+		t.Fatal(err)
+	}
+	got := b.String()
+	for _, want := range []string{
+		"| limits=1 x-floor | 1.5 | <= 1.6 | met |",
+		"| limits=1 x-peer (GCRA, 1 CPU) | 0.5 | <= 0.6 | met |",
+		"| each extra matching limit, in floors: (x-floor limits=3 - limits=1) / 2 | 1.5 | <= 1 | **missed** |",
+		"| x/time/rate Allow over limits=1 (ns/packet) | 9 | >= 8 | met |",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("targets lack %q:\n%s", want, got)
+		}
+	}
+	for _, absent := range []string{"keys=1M", "overload=1", "keys=1k"} {
+		if strings.Contains(got, absent) {
+			t.Errorf("targets show %s, which did not run:\n%s", absent, got)
+		}
+	}
+}
