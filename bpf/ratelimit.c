@@ -1056,42 +1056,45 @@ slow:
 	return true;
 }
 
-/* The common case of several candidates, inline: every one is a key-less
- * limit whose CPU cache holds the packet's cost (never a paced one: see
- * rl_decide_one). Then the packet passes and each draws its cost. Returns false, having drawn nothing, if any candidate
- * needs more (lease, keys, over limit, more than RL_MAX_MATCH candidates):
- * the caller then goes the general way. */
+/* The common case of several candidates, inline: at most RL_FAST_MATCH of
+ * them, every one a key-less limit whose CPU cache holds the packet's cost
+ * (never a paced one: see rl_decide_one). Then the packet passes and each
+ * draws its cost. One walk: each candidate's state and cost are kept for the
+ * draw, so that it is not found again (the id, the lookups and the loads
+ * behind them are a chain of dependent loads per limit). Returns false,
+ * having drawn nothing, if any candidate needs more (lease, keys, over
+ * limit, more candidates): the caller then goes the general way. */
+#define RL_FAST_MATCH 4
+
 static __always_inline bool rl_decide_fast(const struct pkt *p, const struct rl_mask *cand)
 {
+	struct rl_limit_cpu *lcs[RL_FAST_MATCH];
+	__u32 costs[RL_FAST_MATCH];
 	struct rl_walk it = rl_walk_start(cand);
-	__u32 id;
+	__u32 id, n = 0;
 
-	for (int i = 0; i < RL_MAX_MATCH + 1; i++) {
+	for (int i = 0; i < RL_FAST_MATCH + 1; i++) {
 		struct rl_limit_cpu *lc;
 		struct rl_limit *lim;
 
 		if (!rl_walk_next(&it, cand, &id))
 			break;
-		if (i == RL_MAX_MATCH)
-			return false;	/* overflow: decided on the general way */
+		if (i == RL_FAST_MATCH)
+			return false;	/* more: decided on the general way */
 		lim = rl_limit_of(id, &lc);
-		if (!lim || lim->key_kind != RL_KEY_NONE || lc->cache.gen != lim->gen ||
-		    lc->cache.tokens < rl_cost(lim, p))
+		if (!lim || lim->key_kind != RL_KEY_NONE || lc->cache.gen != lim->gen)
 			return false;
+		costs[i] = rl_cost(lim, p);
+		if (lc->cache.tokens < costs[i])
+			return false;
+		lcs[i] = lc;
+		n = i + 1;
 	}
-
-	it = rl_walk_start(cand);
-	for (int i = 0; i < RL_MAX_MATCH; i++) {
-		struct rl_limit_cpu *lc;
-		struct rl_limit *lim;
-
-		if (!rl_walk_next(&it, cand, &id))
+	for (int i = 0; i < RL_FAST_MATCH; i++) {
+		if (i >= n)
 			break;
-		lim = rl_limit_of(id, &lc);
-		if (!lim)
-			continue;	/* cannot happen: checked above */
-		lc->cache.tokens -= rl_cost(lim, p);
-		rl_count(&lc->stats, MATCH_ADMIT, p);
+		lcs[i]->cache.tokens -= costs[i];
+		rl_count(&lcs[i]->stats, MATCH_ADMIT, p);
 	}
 	return true;
 }
