@@ -390,26 +390,33 @@ static __always_inline __s32 rl_tomb_owes(__u32 full_at, __u64 now)
 }
 
 /* Notes a keyed bucket's state after its pool moved (a lease, a draw, a
- * reservation): when it will be full again. It keeps its way, or takes one
- * that owes nothing. A way that owes is never taken: in a set of more
- * buckets that owe than ways, the ones there stay remembered and the others
- * are forgotten, rather than each forgetting the other in turn. */
+ * reservation): when it will be full again. A bucket notes itself on its
+ * first lease (created: a new bucket, the only chance a key evicted after
+ * every packet gets), and after that only when it owes at least half its
+ * burst: a key within its rate pays nothing for the tombstones (their set
+ * is a cache miss in a large table), and one forgotten owing less gains
+ * less than half a burst when it returns. An earlier note of a larger debt
+ * stands: it says the bucket is full no later than it truly will be. A
+ * bucket keeps its way, or takes one that owes nothing. A way that owes is
+ * never taken: in a set of more buckets that owe than ways, the ones there
+ * stay remembered and the others are forgotten, rather than each
+ * forgetting the other in turn. */
 static __always_inline void rl_tomb_note(__u64 h, const struct rl_pool *pool, const struct rl_params *p,
-					 __u64 now)
+					 __u64 now, bool created)
 {
 	__u64 v = rl_vclock(p, now), owed = READ_ONCE_U64(pool->v_empty) + p->burst;
 	__u32 fp, w, full_at;
-	struct rl_tomb_set *t = rl_tomb_of(h, &fp);
+	struct rl_tomb_set *t;
 
+	if (owed <= v || (!created && owed < v + p->burst / 2))
+		return;	/* full, or owes less than half its burst */
+	t = rl_tomb_of(h, &fp);
 	if (!t)
 		return;
 	/* Rounded up: a returning key waits at most one unit longer. */
-	full_at = owed > v ? (__u32)((now + rl_accrual_ns(p, owed - v) + (1 << RL_TOMB_SHIFT) - 1) >> RL_TOMB_SHIFT)
-			   : (__u32)(now >> RL_TOMB_SHIFT);
+	full_at = (__u32)((now + rl_accrual_ns(p, owed - v) + (1 << RL_TOMB_SHIFT) - 1) >> RL_TOMB_SHIFT);
 	w = rl_tomb_way(t, fp);
 	if (w >= RL_TOMB_WAYS) {
-		if (owed <= v)
-			return;	/* full: nothing to remember */
 		for (int i = 0; i < RL_TOMB_WAYS; i++) {
 			if (!t->way[i].fp || rl_tomb_owes(t->way[i].full_at, now) <= 0) {
 				w = i;
@@ -430,10 +437,12 @@ static __always_inline void rl_tomb_note(__u64 h, const struct rl_pool *pool, co
  * fingerprint is still in its tombstone set, is a returning key; one its
  * tombstone says is not full yet starts as the evicted bucket would be now
  * (empty until full_at, then full at the limit's rate): v_empty =
- * V(full_at) - burst. Any other starts full: v_empty 0 is far below V. */
+ * V(full_at) - burst. Any other starts full: v_empty 0 is far below V.
+ * *created says whether this call made the pool. */
 static __always_inline struct rl_pool *rl_bucket_pool(const struct rl_bucket_key *k, __u64 h,
 						      struct rl_stats *st, struct rl_cache *c,
-						      bool cached, const struct rl_params *p, __u64 now)
+						      bool cached, const struct rl_params *p, __u64 now,
+						      bool *created)
 {
 	struct rl_pool *pool = bpf_map_lookup_elem(&rl_buckets, k);
 	struct rl_pool fresh = {};
@@ -457,6 +466,7 @@ static __always_inline struct rl_pool *rl_bucket_pool(const struct rl_bucket_key
 		}
 	}
 	if (bpf_map_update_elem(&rl_buckets, k, &fresh, BPF_NOEXIST) == 0) {
+		*created = true;
 		if (c)
 			c->retry_ns = 0;
 		if (cached || w < RL_TOMB_WAYS)
@@ -492,15 +502,16 @@ static __always_inline int rl_check_direct(const struct pkt *p, struct match *m,
 
 	rl_global_count(G_CACHE_BYPASS);
 	const struct rl_params *pp = &lim->params[lim->active & 1];
+	bool created = false;
 
-	pool = rl_bucket_pool(&r->k, r->h, &lc->stats, NULL, false, pp, rl_now(now));
+	pool = rl_bucket_pool(&r->k, r->h, &lc->stats, NULL, false, pp, rl_now(now), &created);
 	if (!pool) {
 		rl_global_count(G_POOL_FULL);
 		return MATCH_FAIL_OPEN;
 	}
 	state = rl_lease_state(rl_draw(pool, pp, m->cost, *now), lim);
 	if (state == MATCH_ADMIT) {
-		rl_tomb_note(r->h, pool, pp, *now);
+		rl_tomb_note(r->h, pool, pp, *now, created);
 		return MATCH_ADMIT_DRAWN;
 	}
 	return state;
@@ -517,6 +528,7 @@ static __always_inline int rl_check_pace(const struct pkt *p, struct rl_decision
 	struct rl_pool *pool;
 	__u32 id = m->id;
 	__u64 wait = 0, h = 0;
+	bool created = false;
 
 	if (lim->key_kind == RL_KEY_NONE) {
 		pool = bpf_map_lookup_elem(&rl_pools, &id);
@@ -529,7 +541,8 @@ static __always_inline int rl_check_pace(const struct pkt *p, struct rl_decision
 		h = rl_hash(d->seed, id, lim->gen, k.addr);
 		if (!d->pace_now)
 			d->pace_now = rl_pace_clock_read();
-		pool = rl_bucket_pool(&k, h, &lc->stats, NULL, false, &lim->params[lim->active & 1], d->pace_now);
+		pool = rl_bucket_pool(&k, h, &lc->stats, NULL, false, &lim->params[lim->active & 1], d->pace_now,
+				      &created);
 		if (!pool) {
 			rl_global_count(G_POOL_FULL);
 			return MATCH_FAIL_OPEN;
@@ -541,7 +554,7 @@ static __always_inline int rl_check_pace(const struct pkt *p, struct rl_decision
 	switch (r) {
 	case RL_LEASE_OK:
 		if (h)
-			rl_tomb_note(h, pool, &lim->params[lim->active & 1], d->pace_now);
+			rl_tomb_note(h, pool, &lim->params[lim->active & 1], d->pace_now, created);
 		m->wait_ns = wait;
 		return MATCH_ADMIT_DRAWN;
 	case RL_LEASE_SHORT:
@@ -567,6 +580,7 @@ __noinline int rl_check(const struct pkt *p, struct rl_decision *d, __u32 i)
 	struct match *m;
 	enum rl_lease_result lr;
 	__u64 h = 0;	/* a keyed bucket's hash */
+	bool created = false;
 	__u32 id;
 
 	if (!p || !d || i >= RL_MAX_MATCH)
@@ -620,7 +634,7 @@ __noinline int rl_check(const struct pkt *p, struct rl_decision *d, __u32 i)
 		if (c->tokens >= m->cost)
 			return MATCH_ADMIT;
 		pool = rl_bucket_pool(&r.k, r.h, &lc->stats, c, cached, &lim->params[lim->active & 1],
-				      rl_now(&d->now));
+				      rl_now(&d->now), &created);
 		if (!pool) {
 			rl_global_count(G_POOL_FULL);
 			return MATCH_FAIL_OPEN;
@@ -644,7 +658,7 @@ __noinline int rl_check(const struct pkt *p, struct rl_decision *d, __u32 i)
 	}
 	lr = rl_lease(pool, c, &lim->params[lim->active & 1], lim->seq, m->cost, rl_now(&d->now));
 	if (h && lr == RL_LEASE_OK)
-		rl_tomb_note(h, pool, &lim->params[lim->active & 1], d->now);
+		rl_tomb_note(h, pool, &lim->params[lim->active & 1], d->now, created);
 	return rl_lease_state(lr, lim);
 }
 
