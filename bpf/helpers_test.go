@@ -10,6 +10,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/rlagent/rlagent/internal/testenv"
+	"github.com/rlagent/rlagent/bpf"
 	"github.com/rlagent/rlagent/maps"
 )
 
@@ -330,6 +331,13 @@ func (a gstats) minus(b gstats) gstats {
 // the program's maps: maps.Datapath does not hand its maps out.
 func fragTable(tb testing.TB, d *maps.Datapath) *ebpf.Map {
 	tb.Helper()
+	return programMap(tb, d, "rl_frags")
+}
+
+// programMap is the map called name of d's program, found through the
+// program's maps; it is closed when tb ends.
+func programMap(tb testing.TB, d *maps.Datapath, name string) *ebpf.Map {
+	tb.Helper()
 	info, err := d.Program().Info()
 	if err != nil {
 		tb.Fatal(err)
@@ -340,14 +348,27 @@ func fragTable(tb testing.TB, d *maps.Datapath) *ebpf.Map {
 		if err != nil {
 			tb.Fatal(err)
 		}
-		if mi, err := m.Info(); err == nil && mi.Name == "rl_frags" {
+		if mi, err := m.Info(); err == nil && mi.Name == name {
 			tb.Cleanup(func() { m.Close() })
 			return m
 		}
 		m.Close()
 	}
-	tb.Fatal("the program has no map rl_frags")
+	tb.Fatalf("the program has no map %s", name)
 	return nil
+}
+
+// clearTombstones empties d's rl_tombstones, as on a new Datapath.
+func clearTombstones(tb testing.TB, d *maps.Datapath) {
+	tb.Helper()
+	m := programMap(tb, d, "rl_tombstones")
+	keys := make([]uint32, m.MaxEntries())
+	for i := range keys {
+		keys[i] = uint32(i)
+	}
+	if _, err := m.BatchUpdate(keys, make([]bpf.RatelimitRlTombSet, len(keys)), nil); err != nil {
+		tb.Fatalf("clear rl_tombstones: %v", err)
+	}
 }
 
 // clearMap deletes every entry of a hash map: a fuzz input that starts from

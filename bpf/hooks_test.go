@@ -72,7 +72,7 @@ var shared *maps.Datapath
 
 // sharedDatapath empties shared as a new one would be: no limits (deleting
 // one drops its buckets and counters), no protect rules, an empty fragment
-// table, the clock at 1 s. The global counters go on counting: the tests
+// table, no tombstones, the clock at 1 s. The global counters go on counting: the tests
 // read them as differences (globals, minus).
 func sharedDatapath(tb testing.TB) *maps.Datapath {
 	tb.Helper()
@@ -93,6 +93,9 @@ func sharedDatapath(tb testing.TB) *maps.Datapath {
 		tb.Fatalf("empty the shared data path: %v", err)
 	}
 	clearMap(tb, fragTable(tb, shared))
+	// The tombstones of earlier tests were noted on a clock that this one
+	// sets back to 1 s: they would all seem to owe.
+	clearTombstones(tb, shared)
 	setClock(tb, shared, 1e9, 0)
 	return shared
 }

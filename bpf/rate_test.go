@@ -9,6 +9,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/rlagent/rlagent/bpf"
 	"github.com/rlagent/rlagent/maps"
 )
 
@@ -504,6 +505,73 @@ func TestReturningKeys(t *testing.T) {
 	}
 	if got*2 > old {
 		t.Errorf("admitted %d, the reference (returning keys start full) %d: want at most half of it", got, old)
+	}
+}
+
+// limitGen is the generation of limit id in d's rl_limits.
+func limitGen(tb testing.TB, d *maps.Datapath, id uint32) uint32 {
+	tb.Helper()
+	var e bpf.RatelimitRlLimit
+	if err := programMap(tb, d, "rl_limits").Lookup(id, &e); err != nil {
+		tb.Fatal(err)
+	}
+	return e.Gen
+}
+
+// TestTombstoneGenerations: a limit set anew (a new generation) starts with
+// full buckets for every key, whatever its keys owed in the generation
+// before: neither the same address nor the address whose bits XORed with
+// the new generation equal the old one's (rl_hash mixes the generation in
+// by XOR, so those two buckets share a hash) finds the old debt.
+func TestTombstoneGenerations(t *testing.T) {
+	defer pinCPU(t, 0)()
+	const (
+		buckets = 512
+		burst   = 5
+	)
+	d := newDatapath(t, maps.Options{Clock: maps.ClockTest, MaxBuckets: buckets, XDPOnly: true})
+	setClock(t, d, 1e9, 0)
+	l := maps.Limit{Rate: 1, Burst: burst, Key: maps.KeySrcIP}
+	mustSet(t, d, 0, l)
+	src := func(a [4]byte) []byte {
+		return pkt{src: netip.AddrFrom4(a).String(), dst: "192.168.0.1", proto: protoUDP, dport: 53}.bytes()
+	}
+	victim := [4]byte{10, 0, 0, 1}
+	if got := admitNow(t, d, src(victim), 2*burst); got != burst {
+		t.Fatalf("new key admitted %d, want %d", got, burst)
+	}
+	// Evict it: it owes its whole burst, and its tombstone remembers that.
+	for i := range 4 * buckets {
+		mustRun(t, d.Program(), src([4]byte{10, 1, byte(i >> 8), byte(i)}))
+	}
+	g1 := limitGen(t, d, 0)
+	if err := d.DeleteLimit(0); err != nil {
+		t.Fatal(err)
+	}
+	mustSet(t, d, 0, l)
+	g2 := limitGen(t, d, 0)
+	if g1 == g2 {
+		t.Fatalf("the limit set anew kept its generation %d", g1)
+	}
+	// The address whose key bits XOR the new generation as the victim's did
+	// the old: the first octets hold the low bits of the key's last word.
+	x := g1 ^ g2
+	twin := victim
+	twin[0] ^= byte(x)
+	twin[1] ^= byte(x >> 8)
+	twin[2] ^= byte(x >> 16)
+	twin[3] ^= byte(x >> 24)
+	for _, a := range [][4]byte{victim, twin} {
+		before := mustStats(t, d, 0)
+		if got := admitNow(t, d, src(a), 2*burst); got != burst {
+			t.Errorf("generation %d -> %d: %s admitted %d, want a full bucket of %d (a debt of the old generation)", g1, g2,
+				netip.AddrFrom4(a), got, burst)
+		}
+		after := mustStats(t, d, 0)
+		if after.NewKeys != before.NewKeys+1 {
+			t.Errorf("%s counted as new keys +%d, returned +%d: want a new key", netip.AddrFrom4(a),
+				after.NewKeys-before.NewKeys, after.ReturnedKeys-before.ReturnedKeys)
+		}
 	}
 }
 

@@ -346,11 +346,17 @@ static __always_inline __u32 rl_key_victim(const struct rl_key_set *set,
 /* A keyed bucket's set of rl_tombstones and its fingerprint there. The
  * hash is mixed once more first: below its top bits (the key cache's set)
  * a bit of rl_hash depends only on the key's bits below it, so that 768
- * consecutive IPv4 sources fell into 96 sets. */
-static __always_inline struct rl_tomb_set *rl_tomb_of(__u64 h, __u32 *fp)
+ * consecutive IPv4 sources fell into 96 sets. The limit and generation go
+ * in again through a multiply: rl_hash XORs them into the address bits, so
+ * that the bucket of address a in generation g and that of a ^ g ^ g' in
+ * generation g' have one hash (harmless for the key cache, which compares
+ * whole keys; a tombstone of the one would have given its debt to the
+ * other). */
+static __always_inline struct rl_tomb_set *rl_tomb_of(const struct rl_bucket_key *k, __u64 h, __u32 *fp)
 {
 	__u32 tidx;
 
+	h += (((__u64)k->limit << 32) | k->gen) * 0x9e3779b97f4a7c15ULL;
 	h ^= h >> 29;
 	h *= 0xbf58476d1ce4e5b9ULL;
 	h ^= h >> 32;
@@ -401,8 +407,8 @@ static __always_inline __s32 rl_tomb_owes(__u32 full_at, __u64 now)
  * never taken: in a set of more buckets that owe than ways, the ones there
  * stay remembered and the others are forgotten, rather than each
  * forgetting the other in turn. */
-static __always_inline void rl_tomb_note(__u64 h, const struct rl_pool *pool, const struct rl_params *p,
-					 __u64 now, bool created)
+static __always_inline void rl_tomb_note(const struct rl_bucket_key *k, __u64 h, const struct rl_pool *pool,
+					 const struct rl_params *p, __u64 now, bool created)
 {
 	__u64 v = rl_vclock(p, now), owed = READ_ONCE_U64(pool->v_empty) + p->burst;
 	__u32 fp, w, full_at;
@@ -410,7 +416,7 @@ static __always_inline void rl_tomb_note(__u64 h, const struct rl_pool *pool, co
 
 	if (owed <= v || (!created && owed < v + p->burst / 2))
 		return;	/* full, or owes less than half its burst */
-	t = rl_tomb_of(h, &fp);
+	t = rl_tomb_of(k, h, &fp);
 	if (!t)
 		return;
 	/* Rounded up: a returning key waits at most one unit longer. */
@@ -452,7 +458,7 @@ static __always_inline struct rl_pool *rl_bucket_pool(const struct rl_bucket_key
 	if (pool)
 		return pool;
 
-	t = rl_tomb_of(h, &fp);
+	t = rl_tomb_of(k, h, &fp);
 	if (t) {
 		w = rl_tomb_way(t, fp);
 		if (w < RL_TOMB_WAYS) {
@@ -511,7 +517,7 @@ static __always_inline int rl_check_direct(const struct pkt *p, struct match *m,
 	}
 	state = rl_lease_state(rl_draw(pool, pp, m->cost, *now), lim);
 	if (state == MATCH_ADMIT) {
-		rl_tomb_note(r->h, pool, pp, *now, created);
+		rl_tomb_note(&r->k, r->h, pool, pp, *now, created);
 		return MATCH_ADMIT_DRAWN;
 	}
 	return state;
@@ -524,6 +530,7 @@ static __always_inline int rl_check_direct(const struct pkt *p, struct match *m,
 static __always_inline int rl_check_pace(const struct pkt *p, struct rl_decision *d, struct match *m,
 					 const struct rl_limit *lim, struct rl_limit_cpu *lc)
 {
+	struct rl_bucket_key k = { .limit = m->id, .gen = lim->gen };
 	enum rl_lease_result r;
 	struct rl_pool *pool;
 	__u32 id = m->id;
@@ -535,8 +542,6 @@ static __always_inline int rl_check_pace(const struct pkt *p, struct rl_decision
 		if (!pool)
 			return MATCH_FAIL_OPEN;
 	} else {
-		struct rl_bucket_key k = { .limit = id, .gen = lim->gen };
-
 		rl_bucket_key(lim, p, &k);
 		h = rl_hash(d->seed, id, lim->gen, k.addr);
 		if (!d->pace_now)
@@ -554,7 +559,7 @@ static __always_inline int rl_check_pace(const struct pkt *p, struct rl_decision
 	switch (r) {
 	case RL_LEASE_OK:
 		if (h)
-			rl_tomb_note(h, pool, &lim->params[lim->active & 1], d->pace_now, created);
+			rl_tomb_note(&k, h, pool, &lim->params[lim->active & 1], d->pace_now, created);
 		m->wait_ns = wait;
 		return MATCH_ADMIT_DRAWN;
 	case RL_LEASE_SHORT:
@@ -578,8 +583,9 @@ __noinline int rl_check(const struct pkt *p, struct rl_decision *d, __u32 i)
 	struct rl_limit *lim;
 	struct rl_cache *c;
 	struct match *m;
+	struct rl_bucket_key tk = {};	/* a keyed bucket's key, and its hash: */
+	__u64 h = 0;
 	enum rl_lease_result lr;
-	__u64 h = 0;	/* a keyed bucket's hash */
 	bool created = false;
 	__u32 id;
 
@@ -639,6 +645,7 @@ __noinline int rl_check(const struct pkt *p, struct rl_decision *d, __u32 i)
 			rl_global_count(G_POOL_FULL);
 			return MATCH_FAIL_OPEN;
 		}
+		tk = r.k;
 		h = r.h;
 	}
 
@@ -658,7 +665,7 @@ __noinline int rl_check(const struct pkt *p, struct rl_decision *d, __u32 i)
 	}
 	lr = rl_lease(pool, c, &lim->params[lim->active & 1], lim->seq, m->cost, rl_now(&d->now));
 	if (h && lr == RL_LEASE_OK)
-		rl_tomb_note(h, pool, &lim->params[lim->active & 1], d->now, created);
+		rl_tomb_note(&tk, h, pool, &lim->params[lim->active & 1], d->now, created);
 	return rl_lease_state(lr, lim);
 }
 
