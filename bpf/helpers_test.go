@@ -9,8 +9,8 @@ import (
 
 	"github.com/cilium/ebpf"
 
-	"github.com/rlagent/rlagent/internal/testenv"
 	"github.com/rlagent/rlagent/bpf"
+	"github.com/rlagent/rlagent/internal/testenv"
 	"github.com/rlagent/rlagent/maps"
 )
 

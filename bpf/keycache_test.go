@@ -23,8 +23,9 @@ func keySet(seed [2]uint64, id, gen uint32, addr netip.Addr) uint32 {
 		a[i] = uint64(binary.LittleEndian.Uint32(b[4*i:]))
 	}
 	hi := a[0]<<32 | a[1]
-	lo := (a[2]<<32 | a[3]) ^ (uint64(id)<<32 | uint64(gen))
-	h := hi*(seed[0]|1) + lo*(seed[1]|1) + seed[0]>>1
+	lo := a[2]<<32 | a[3]
+	lg := uint64(id)<<32 | uint64(gen)
+	h := hi*(seed[0]|1) + lo*(seed[1]|1) + lg*((seed[0]^seed[1])|1) + seed[0]>>1
 	return uint32(h >> 52)
 }
 

@@ -521,8 +521,9 @@ func limitGen(tb testing.TB, d *maps.Datapath, id uint32) uint32 {
 // TestTombstoneGenerations: a limit set anew (a new generation) starts with
 // full buckets for every key, whatever its keys owed in the generation
 // before: neither the same address nor the address whose bits XORed with
-// the new generation equal the old one's (rl_hash mixes the generation in
-// by XOR, so those two buckets share a hash) finds the old debt.
+// the new generation equal the old one's finds the old debt (rl_hash once
+// XORed the generation into the address bits, so that those two buckets
+// shared a hash, and the tombstone of the one gave its debt to the other).
 func TestTombstoneGenerations(t *testing.T) {
 	defer pinCPU(t, 0)()
 	const (

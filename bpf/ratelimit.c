@@ -228,14 +228,18 @@ static __always_inline void rl_count(struct rl_stats *st, int state, const struc
  * multiplier per address half (rl_config.seed, kept with the pins): the top
  * bits of a product depend on every bit below them through the carries, so
  * a sender who does not know the seed cannot pick addresses that share a
- * set. The limit and generation are mixed in so that one address's buckets
- * of different limits fall in different sets. */
+ * set. The limit and generation are a term of their own, with a multiplier
+ * of the seed's too, so that one address's buckets of different limits or
+ * generations fall in different sets, and two keys cannot share a hash by a
+ * choice of address: XORed into the address bits (as before), address
+ * a ^ g ^ g' in generation g' hashed as a did in g. */
 static __always_inline __u64 rl_hash(const __u64 seed[2], __u32 id, __u32 gen, const __u32 a[4])
 {
 	__u64 hi = ((__u64)a[0] << 32) | a[1];
-	__u64 lo = (((__u64)a[2] << 32) | a[3]) ^ (((__u64)id << 32) | gen);
+	__u64 lo = ((__u64)a[2] << 32) | a[3];
+	__u64 lg = ((__u64)id << 32) | gen;
 
-	return hi * (seed[0] | 1) + lo * (seed[1] | 1) + (seed[0] >> 1);
+	return hi * (seed[0] | 1) + lo * (seed[1] | 1) + lg * ((seed[0] ^ seed[1]) | 1) + (seed[0] >> 1);
 }
 
 #define RL_SET_SHIFT (64 - 12)
@@ -346,17 +350,11 @@ static __always_inline __u32 rl_key_victim(const struct rl_key_set *set,
 /* A keyed bucket's set of rl_tombstones and its fingerprint there. The
  * hash is mixed once more first: below its top bits (the key cache's set)
  * a bit of rl_hash depends only on the key's bits below it, so that 768
- * consecutive IPv4 sources fell into 96 sets. The limit and generation go
- * in again through a multiply: rl_hash XORs them into the address bits, so
- * that the bucket of address a in generation g and that of a ^ g ^ g' in
- * generation g' have one hash (harmless for the key cache, which compares
- * whole keys; a tombstone of the one would have given its debt to the
- * other). */
-static __always_inline struct rl_tomb_set *rl_tomb_of(const struct rl_bucket_key *k, __u64 h, __u32 *fp)
+ * consecutive IPv4 sources fell into 96 sets. */
+static __always_inline struct rl_tomb_set *rl_tomb_of(__u64 h, __u32 *fp)
 {
 	__u32 tidx;
 
-	h += (((__u64)k->limit << 32) | k->gen) * 0x9e3779b97f4a7c15ULL;
 	h ^= h >> 29;
 	h *= 0xbf58476d1ce4e5b9ULL;
 	h ^= h >> 32;
@@ -407,8 +405,8 @@ static __always_inline __s32 rl_tomb_owes(__u32 full_at, __u64 now)
  * never taken: in a set of more buckets that owe than ways, the ones there
  * stay remembered and the others are forgotten, rather than each
  * forgetting the other in turn. */
-static __always_inline void rl_tomb_note(const struct rl_bucket_key *k, __u64 h, const struct rl_pool *pool,
-					 const struct rl_params *p, __u64 now, bool created)
+static __always_inline void rl_tomb_note(__u64 h, const struct rl_pool *pool, const struct rl_params *p,
+					 __u64 now, bool created)
 {
 	__u64 v = rl_vclock(p, now), owed = READ_ONCE_U64(pool->v_empty) + p->burst;
 	__u32 fp, w, full_at;
@@ -416,7 +414,7 @@ static __always_inline void rl_tomb_note(const struct rl_bucket_key *k, __u64 h,
 
 	if (owed <= v || (!created && owed < v + p->burst / 2))
 		return;	/* full, or owes less than half its burst */
-	t = rl_tomb_of(k, h, &fp);
+	t = rl_tomb_of(h, &fp);
 	if (!t)
 		return;
 	/* Rounded up: a returning key waits at most one unit longer. */
@@ -458,7 +456,7 @@ static __always_inline struct rl_pool *rl_bucket_pool(const struct rl_bucket_key
 	if (pool)
 		return pool;
 
-	t = rl_tomb_of(k, h, &fp);
+	t = rl_tomb_of(h, &fp);
 	if (t) {
 		w = rl_tomb_way(t, fp);
 		if (w < RL_TOMB_WAYS) {
@@ -517,7 +515,7 @@ static __always_inline int rl_check_direct(const struct pkt *p, struct match *m,
 	}
 	state = rl_lease_state(rl_draw(pool, pp, m->cost, *now), lim);
 	if (state == MATCH_ADMIT) {
-		rl_tomb_note(&r->k, r->h, pool, pp, *now, created);
+		rl_tomb_note(r->h, pool, pp, *now, created);
 		return MATCH_ADMIT_DRAWN;
 	}
 	return state;
@@ -530,7 +528,6 @@ static __always_inline int rl_check_direct(const struct pkt *p, struct match *m,
 static __always_inline int rl_check_pace(const struct pkt *p, struct rl_decision *d, struct match *m,
 					 const struct rl_limit *lim, struct rl_limit_cpu *lc)
 {
-	struct rl_bucket_key k = { .limit = m->id, .gen = lim->gen };
 	enum rl_lease_result r;
 	struct rl_pool *pool;
 	__u32 id = m->id;
@@ -542,6 +539,8 @@ static __always_inline int rl_check_pace(const struct pkt *p, struct rl_decision
 		if (!pool)
 			return MATCH_FAIL_OPEN;
 	} else {
+		struct rl_bucket_key k = { .limit = id, .gen = lim->gen };
+
 		rl_bucket_key(lim, p, &k);
 		h = rl_hash(d->seed, id, lim->gen, k.addr);
 		if (!d->pace_now)
@@ -559,7 +558,7 @@ static __always_inline int rl_check_pace(const struct pkt *p, struct rl_decision
 	switch (r) {
 	case RL_LEASE_OK:
 		if (h)
-			rl_tomb_note(&k, h, pool, &lim->params[lim->active & 1], d->pace_now, created);
+			rl_tomb_note(h, pool, &lim->params[lim->active & 1], d->pace_now, created);
 		m->wait_ns = wait;
 		return MATCH_ADMIT_DRAWN;
 	case RL_LEASE_SHORT:
@@ -583,8 +582,7 @@ __noinline int rl_check(const struct pkt *p, struct rl_decision *d, __u32 i)
 	struct rl_limit *lim;
 	struct rl_cache *c;
 	struct match *m;
-	struct rl_bucket_key tk = {};	/* a keyed bucket's key, and its hash: */
-	__u64 h = 0;
+	__u64 h = 0;	/* a keyed bucket's hash */
 	enum rl_lease_result lr;
 	bool created = false;
 	__u32 id;
@@ -645,7 +643,6 @@ __noinline int rl_check(const struct pkt *p, struct rl_decision *d, __u32 i)
 			rl_global_count(G_POOL_FULL);
 			return MATCH_FAIL_OPEN;
 		}
-		tk = r.k;
 		h = r.h;
 	}
 
@@ -665,7 +662,7 @@ __noinline int rl_check(const struct pkt *p, struct rl_decision *d, __u32 i)
 	}
 	lr = rl_lease(pool, c, &lim->params[lim->active & 1], lim->seq, m->cost, rl_now(&d->now));
 	if (h && lr == RL_LEASE_OK)
-		rl_tomb_note(&tk, h, pool, &lim->params[lim->active & 1], d->now, created);
+		rl_tomb_note(h, pool, &lim->params[lim->active & 1], d->now, created);
 	return rl_lease_state(lr, lim);
 }
 
