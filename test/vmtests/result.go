@@ -2,6 +2,8 @@ package vmtests
 
 import (
 	"fmt"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -48,6 +50,56 @@ type Report struct {
 	Suites []SuiteResult
 	Done   bool // the done line was seen
 	Status int  // its status
+	// Failures are the failed tests of the suites' go test -v output, in
+	// the order their results were printed, at most maxFailures. The
+	// summary repeats them: the end of a CI log is often all one sees.
+	Failures []Failure
+
+	logged []string // test log lines since the last test started or ended
+	before int      // len(Failures) when the current suite started
+}
+
+// Failure is one failed test and what was logged while it ran: the
+// file:line lines and panics printed since the last test started, the last
+// maxFailureLines of them, each cut to maxLineLen bytes.
+type Failure struct {
+	Test  string
+	Lines []string
+}
+
+const (
+	maxFailures     = 10
+	maxFailureLines = 8
+	maxLineLen      = 300
+)
+
+// testLog matches what t.Log and t.Error print: "    file.go:123: text".
+var testLog = regexp.MustCompile(`^\s+[\w.-]+\.go:\d+: `)
+
+// noteTestOutput follows go test -v output: a test's start or end clears
+// the log lines gathered, a "--- FAIL:" takes them with it (the first of
+// several nested results gets them: the subtest's lines are the parent's).
+func (r *Report) noteTestOutput(line string) {
+	s := strings.TrimLeft(line, " \t")
+	switch {
+	case strings.HasPrefix(s, "=== RUN"), strings.HasPrefix(s, "=== CONT"), strings.HasPrefix(s, "=== NAME"),
+		strings.HasPrefix(s, "--- PASS:"), strings.HasPrefix(s, "--- SKIP:"):
+		r.logged = r.logged[:0]
+	case strings.HasPrefix(s, "--- FAIL:"):
+		name, _, _ := strings.Cut(strings.TrimSpace(strings.TrimPrefix(s, "--- FAIL:")), " ")
+		if len(r.Failures) < maxFailures {
+			r.Failures = append(r.Failures, Failure{Test: name, Lines: slices.Clone(r.logged)})
+		}
+		r.logged = r.logged[:0]
+	case testLog.MatchString(line), strings.HasPrefix(s, "panic:"):
+		if len(s) > maxLineLen {
+			s = s[:maxLineLen] + "..."
+		}
+		if len(r.logged) == maxFailureLines {
+			r.logged = append(r.logged[:0], r.logged[1:]...)
+		}
+		r.logged = append(r.logged, s)
+	}
 }
 
 // Passed reports whether the VM finished and every suite passed.
@@ -70,6 +122,7 @@ func (r *Report) Passed() bool {
 func (r *Report) Parse(line string) (bool, error) {
 	i := strings.Index(line, marker)
 	if i < 0 {
+		r.noteTestOutput(line)
 		return false, nil
 	}
 	fields := strings.Fields(line[i+len(marker):])
@@ -129,6 +182,12 @@ func (r *Report) Parse(line string) (bool, error) {
 			return true, err
 		}
 		r.Suites = append(r.Suites, SuiteResult{Name: kv["name"], Status: st, Duration: d})
+		// A suite that failed without a --- FAIL line (a panic, a test
+		// binary's timeout) reports what it logged last.
+		if st != 0 && len(r.Failures) == r.before && len(r.Failures) < maxFailures {
+			r.Failures = append(r.Failures, Failure{Test: fmt.Sprintf("%s (exit %d)", kv["name"], st), Lines: slices.Clone(r.logged)})
+		}
+		r.before, r.logged = len(r.Failures), r.logged[:0]
 	case "done":
 		if err := need("status"); err != nil {
 			return true, err

@@ -107,3 +107,50 @@ func TestCleanConsole(t *testing.T) {
 		}
 	}
 }
+
+func TestReportFailures(t *testing.T) {
+	var r Report
+	for _, l := range []string{
+		"=== RUN   TestA",
+		"    a_test.go:10: passing detail",
+		"--- PASS: TestA (1.00s)",
+		"=== RUN   TestB",
+		"=== RUN   TestB/ipv4",
+		"    b_test.go:20: offered 800",
+		"[   12.3] a kernel message",
+		"    b_test.go:21: received 500, want 400",
+		"--- FAIL: TestB (2.00s)",
+		"    --- FAIL: TestB/ipv4 (1.00s)",
+		// The suite's tests' failures were seen: it adds nothing.
+		SuiteLine("bpf.test", 1, time.Second),
+		"=== RUN   TestC",
+		"panic: runtime error: index out of range",
+		"FAIL",
+	} {
+		if _, err := r.Parse(l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(r.Failures) != 2 {
+		t.Fatalf("failures %+v, want TestB and TestB/ipv4", r.Failures)
+	}
+	if f := r.Failures[0]; f.Test != "TestB" || strings.Join(f.Lines, "|") != "b_test.go:20: offered 800|b_test.go:21: received 500, want 400" {
+		t.Errorf("first failure %+v", f)
+	}
+	if f := r.Failures[1]; f.Test != "TestB/ipv4" || len(f.Lines) != 0 {
+		t.Errorf("second failure %+v", f)
+	}
+	// A panic ends the binary without a --- FAIL line: the suite's
+	// failure carries it.
+	r.Parse(SuiteLine("e2e.test", 2, time.Second))
+	if len(r.Failures) != 3 || r.Failures[2].Test != "e2e.test (exit 2)" || strings.Join(r.Failures[2].Lines, "|") != "panic: runtime error: index out of range" {
+		t.Fatalf("after the panic: %+v", r.Failures)
+	}
+	for i := 0; i < 2*maxFailureLines; i++ {
+		r.Parse("    c_test.go:1: " + strings.Repeat("x", 2*maxLineLen))
+	}
+	r.Parse("--- FAIL: TestC (0.1s)")
+	if f := r.Failures[3]; len(f.Lines) != maxFailureLines || len(f.Lines[0]) != maxLineLen+3 {
+		t.Errorf("TestC kept %d lines of %d bytes, want %d of %d", len(f.Lines), len(f.Lines[0]), maxFailureLines, maxLineLen+3)
+	}
+}

@@ -159,6 +159,12 @@ func run(ctx context.Context, o *options) (bool, error) {
 	ok := len(results) == len(kernels)
 	for _, r := range results {
 		fmt.Println(summary(r))
+		for _, f := range r.report.Failures {
+			fmt.Printf("vmtest: %-5s --- FAIL: %s\n", r.series, f.Test)
+			for _, l := range f.Lines {
+				fmt.Printf("vmtest: %-5s     %s\n", r.series, l)
+			}
+		}
 		if r.err != nil || !r.report.Passed() {
 			ok = false
 		}
