@@ -1,0 +1,21 @@
+// Package demand divides a global rate among nodes by what each one asks
+// for (share: demand), where equal shares (rate / count) would leave a busy
+// node short while an idle one holds capacity it does not use.
+//
+// The allocation is max-min fair with a floor: every node gets
+// max(F, min(d, W)) of its demand d, the water level W chosen so that the
+// shares sum to at most the global rate (every node asking for less than W
+// gets all it asks for; the others split the rest evenly). Only the two
+// numbers W and F are published, never a list of nodes: each node computes
+// its own share from the demand it reported, so the allocation costs the
+// same to publish at 5 nodes as at 5,000.
+//
+// Shares change between rounds without over-admitting: a node applies the
+// smaller of its last two allocations (Step), so a decrease takes effect at
+// once and an increase one round later, by which time every node has seen
+// the round that made room for it.
+//
+// The package is arithmetic only: measuring demand, publishing it, electing
+// the allocator and watching the allocation are the agent's and the
+// watcher's.
+package demand
