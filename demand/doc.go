@@ -15,6 +15,14 @@
 // once and an increase one round later, by which time every node has seen
 // the round that made room for it.
 //
+// Allocator says when a round is worth publishing (a change, the round
+// that releases its increases, a keep-alive; at most one an interval), and
+// Node is one node's side: the rounds it sees, its own reports and the
+// clock in, the share to enforce out, falling back to the equal share when
+// the allocation goes stale. The bounds they keep, with every node at most
+// one interval behind: the applied shares sum to at most the rate, plus
+// the floor of each node that joined since the last round.
+//
 // The package is arithmetic only: measuring demand, publishing it, electing
 // the allocator and watching the allocation are the agent's and the
 // watcher's.
