@@ -169,6 +169,7 @@ func TestPaceTCPWithoutCollapse(t *testing.T) {
 	share := float64(global / rigCount)
 	extra := fmt.Sprintf("    burst: %d\n", 70_000*rigCount)
 	goodput, wire, retrans := map[string]float64{}, map[string]float64{}, map[string]uint64{}
+	var stoppedAt uint64
 	for i, action := range []string{"pace", "drop"} {
 		// Each phase on a port of its own: what is left of the first
 		// transfer (segments in fq, retransmissions) does not drain the
@@ -193,6 +194,15 @@ func TestPaceTCPWithoutCollapse(t *testing.T) {
 				time.Sleep(50 * time.Millisecond)
 			}
 		}
+		if i > 0 {
+			// What the transfer before still sent after its Stop, through
+			// the reload: its reset, nothing more. An orphaned socket that
+			// went on sending (96-1,266 segments on 6.12) made this
+			// phase's connect time out.
+			if n := tcpCounter(t, src.NS, "OutSegs") - stoppedAt; n > 2 {
+				t.Errorf("after the pace transfer stopped, src sent %d more segments: want its reset only", n)
+			}
+		}
 		retrans0 := tcpCounter(t, src.NS, "RetransSegs")
 		got0 := sink.Received().Total()
 		span := settle + rigWindow
@@ -205,6 +215,7 @@ func TestPaceTCPWithoutCollapse(t *testing.T) {
 		to := from.Add(rigWindow)
 		c0, c1 := r.window(from, to, late)
 		bulk.Stop()
+		stoppedAt = tcpCounter(t, src.NS, "OutSegs")
 		wire[action] = counterRate(t, c0, c1, "tcp", admittedBytes)
 		goodput[action] = sink.Received().Rate(from, to)
 		retrans[action] = tcpCounter(t, src.NS, "RetransSegs") - retrans0
