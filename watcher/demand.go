@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -122,7 +123,7 @@ func (p *DemandPublisher) Publish(ctx context.Context, ds []Demand) (bool, error
 	next := make(map[string]uint64, len(ds))
 	changed := p.published == nil || now.Sub(p.at) >= p.cfg.KeepAlive || len(ds) != len(p.published)
 	for _, d := range ds {
-		next[d.Limit] = uint64(max(d.Rate, 0) + 0.5)
+		next[d.Limit] = units(d.Rate)
 		old, ok := p.published[d.Limit]
 		changed = changed || !ok || demand.Moved(float64(old), d.Rate, p.cfg.Moved, d.Threshold)
 	}
@@ -135,6 +136,19 @@ func (p *DemandPublisher) Publish(ctx context.Context, ds []Demand) (bool, error
 	}
 	p.published, p.at = next, now
 	return true, nil
+}
+
+// units rounds a demand to whole units/s. A demand that is not a number
+// (or below 0) is none, one beyond uint64 the most there is: Go leaves
+// their conversion to the CPU, and a report must not depend on it.
+func units(rate float64) uint64 {
+	switch {
+	case !(rate > 0): // NaN too
+		return 0
+	case rate >= math.MaxUint64:
+		return math.MaxUint64
+	}
+	return uint64(rate + 0.5)
 }
 
 func (p *DemandPublisher) write(ctx context.Context, demands map[string]uint64, now time.Time) error {

@@ -2,6 +2,7 @@ package watcher
 
 import (
 	"context"
+	"math"
 	"testing"
 	"time"
 
@@ -147,5 +148,16 @@ func TestAllocateFromReports(t *testing.T) {
 	}
 	if w := got["idle"]; w.Share(0) != 5 || w.Share(400) != 400 {
 		t.Errorf("a limit no node reports: %+v", w)
+	}
+}
+
+func TestDemandUnits(t *testing.T) {
+	for _, tc := range []struct {
+		rate float64
+		want uint64
+	}{{7000.4, 7000}, {7000.5, 7001}, {0, 0}, {-5, 0}, {math.NaN(), 0}, {math.Inf(1), math.MaxUint64}, {1e30, math.MaxUint64}} {
+		if got := units(tc.rate); got != tc.want {
+			t.Errorf("units(%v) = %d, want %d", tc.rate, got, tc.want)
+		}
 	}
 }
