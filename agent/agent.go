@@ -69,6 +69,7 @@ type Agent struct {
 	applied map[uint32]maps.Limit // what was last written, by id
 	meta    map[uint32]maps.Meta
 	pending map[uint32]counterSnap     // counters read at the last tick
+	demand  map[string]*demandState    // share demand: by limit name
 	warned  map[string]string          // limit name -> last warning logged
 	protect protectState               // protect rules written (own lock)
 	lock    *pinLock                   // the pin directory's, for the agent's life
@@ -112,6 +113,7 @@ func Run(ctx context.Context, opts Options) error {
 		applied:   make(map[uint32]maps.Limit),
 		meta:      make(map[uint32]maps.Meta),
 		pending:   make(map[uint32]counterSnap),
+		demand:    make(map[string]*demandState),
 		warned:    make(map[string]string),
 		notify:    make(chan struct{}, 1),
 		statusDue: make(chan struct{}, 1),
@@ -153,6 +155,7 @@ func Run(ctx context.Context, opts Options) error {
 	go a.watchLinks(ctx)
 	if a.k8s != nil {
 		go a.statusLoop(ctx)
+		go a.demandLoop(ctx)
 	}
 	snap := time.NewTicker(time.Second)
 	defer snap.Stop()
@@ -178,7 +181,9 @@ func Run(ctx context.Context, opts Options) error {
 			default:
 			}
 		case <-snap.C:
-			a.snapshot()
+			if a.snapshot() {
+				a.wake() // a demand-shared limit's share changed
+			}
 			a.reportStale()
 			if a.health.retryDue(time.Now(), reconcileRetry) {
 				a.wake()
@@ -495,6 +500,11 @@ func (a *Agent) statusLoop(ctx context.Context) {
 			a.mu.Lock()
 			defer a.mu.Unlock()
 			return a.source.Observe(l.Name).Replicas
+		},
+		Demand: func() v1alpha1.DemandShares {
+			a.mu.Lock()
+			defer a.mu.Unlock()
+			return a.cfg.DemandShares
 		},
 	})
 	a.mu.Lock()

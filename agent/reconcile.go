@@ -98,6 +98,7 @@ func (a *Agent) reconcile() error {
 	if a.outcomes == nil {
 		a.outcomes = make(map[string]*outcome)
 	}
+	a.stepDemand(time.Now())
 	plan := a.desired()
 	defer func() {
 		// What the maps hold now runs where it must; the hooks nothing
@@ -493,7 +494,7 @@ func (a *Agent) divideLimit(l *v1alpha1.Limit) *desiredLimit {
 	obs := a.observe(l)
 	burst := spec.EffectiveBurst()
 	service := spec.Scope == v1alpha1.ScopeService
-	share, clamped := divide(spec.Rate, burst, service, obs).fit()
+	share, clamped := a.demandShare(l, divide(spec.Rate, burst, service, obs)).fit()
 	if service {
 		var local []watcher.Endpoint
 		var ports []watcher.EndpointPort
@@ -565,7 +566,10 @@ func (a *Agent) divideLimit(l *v1alpha1.Limit) *desiredLimit {
 // snapshot records each limit's counters, for status to compute rates.
 // What it writes is the previous tick's reading, so that status always
 // divides by 1 to 2 seconds of traffic, never by a fresh, near-zero interval.
-func (a *Agent) snapshot() {
+//
+// It also feeds the demand-shared limits' meters, and steps their shares;
+// it reports whether a share changed (a reconcile is due).
+func (a *Agent) snapshot() bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	now := time.Now()
@@ -581,6 +585,7 @@ func (a *Agent) snapshot() {
 				m.SnapAt, m.SnapAdmitted, m.SnapDropped, m.SnapShadow = prev.at, prev.admitted, prev.dropped, prev.shadow
 			}
 			a.pending[id] = counterSnap{now, st.AdmittedPackets, st.DroppedPackets, st.ShadowPackets}
+			a.observeDemand(m.Name, st, now)
 		}
 		// The observation age moves on its own; refresh it with the counts.
 		obs := a.observeName(m.Name)
@@ -589,6 +594,7 @@ func (a *Agent) snapshot() {
 			a.meta[id] = m
 		}
 	}
+	return a.stepDemand(now)
 }
 
 type counterSnap struct {

@@ -18,7 +18,8 @@ type Meter struct {
 	count uint64
 	at    time.Time
 	rate  float64
-	warm  bool // one interval measured: rate is an estimate
+	last  float64 // the last interval's rate
+	warm  bool    // one interval measured: rate is an estimate
 }
 
 // Observe takes the counter's value at now and returns the smoothed demand.
@@ -35,6 +36,7 @@ func (m *Meter) Observe(count uint64, now time.Time) float64 {
 	}
 	dt := now.Sub(m.at)
 	r := float64(count-m.count) / dt.Seconds()
+	m.last = r
 	if !m.warm {
 		m.rate, m.warm = r, true
 	} else {
@@ -48,6 +50,13 @@ func (m *Meter) Observe(count uint64, now time.Time) float64 {
 // Demand is the smoothed demand, units/s, and whether an interval has been
 // measured.
 func (m *Meter) Demand() (float64, bool) { return m.rate, m.warm }
+
+// Settled reports whether the last interval's rate is within the fraction
+// rel of the estimate: the average has caught up with a step in demand, and
+// reporting it now does not report a point on its way.
+func (m *Meter) Settled(rel float64) bool {
+	return m.warm && math.Abs(m.last-m.rate) <= rel*max(m.rate, m.last)
+}
 
 // Moved reports whether demand differs from the last reported one by more
 // than the fraction rel of the larger of the two and by more than abs

@@ -30,12 +30,16 @@ func TestMeter(t *testing.T) {
 	if got := step(7000, 20*time.Second); got != 7000 {
 		t.Fatalf("steady: %v, want 7000", got)
 	}
-	// A step down to 3000: 63% of the way after Tau, 95% after 3 Tau.
-	if got := step(3000, 3*time.Second); math.Abs(got-(7000-0.632*4000)) > 40 {
-		t.Errorf("Tau after a step to 3000: %v, want ~%v", got, 7000-0.632*4000)
+	if !m.Settled(0.1) {
+		t.Error("a steady demand is not settled")
 	}
-	if got := step(3000, 6*time.Second); math.Abs(got-(7000-0.95*4000)) > 40 {
-		t.Errorf("3 Tau after the step: %v, want ~%v", got, 7000-0.95*4000)
+	// A step down to 3000: 63% of the way after Tau, 95% after 3 Tau; not
+	// settled (within 10%) until about 2.5 Tau.
+	if got := step(3000, 3*time.Second); math.Abs(got-(7000-0.632*4000)) > 40 || m.Settled(0.1) {
+		t.Errorf("Tau after a step to 3000: %v settled %v, want ~%v, not settled", got, m.Settled(0.1), 7000-0.632*4000)
+	}
+	if got := step(3000, 6*time.Second); math.Abs(got-(7000-0.95*4000)) > 40 || !m.Settled(0.1) {
+		t.Errorf("3 Tau after the step: %v settled %v, want ~%v, settled", got, m.Settled(0.1), 7000-0.95*4000)
 	}
 	// The interval's length counts, not the number of samples: one
 	// sample after 3 s moves it as far as three after 1 s each.

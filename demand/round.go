@@ -9,23 +9,52 @@ type Allocation struct {
 	// per round it sees.
 	Round int64
 	Level Level
-	// Time is when the round was computed. A node that sees no round
-	// younger than its stale age goes back to equal shares.
+	// Time is when the round was computed: which of a node's reports it
+	// counted (Counted), and its age. A node that sees no round younger
+	// than its stale age goes back to equal shares.
 	Time time.Time
+
+	counted uint64 // the allocator's fingerprint of the reports it counted
+}
+
+// Report is a demand a node published, and when.
+type Report struct {
+	Demand uint64
+	At     time.Time
+}
+
+// Counted is the report of a node that a round computed at t counts: the
+// latest of its reports published at least lag before t, lag being the time
+// a report may take to reach the allocator (until then it may hold the one
+// before). The allocator and the node both apply this rule, the allocator
+// to the reports a node's Lease holds (its latest and the one before), the
+// node to the reports it made, and so agree on what the round gave the
+// node without a list of nodes in the round. ok is false when no report is
+// that old: the round did not count the node, which may take the floor
+// only.
+func Counted(t time.Time, lag time.Duration, reports ...Report) (r Report, ok bool) {
+	cut := t.Add(-lag)
+	for _, x := range reports {
+		if !x.At.IsZero() && !x.At.After(cut) && (!ok || x.At.After(r.At)) {
+			r, ok = x, true
+		}
+	}
+	return r, ok
 }
 
 // Allocator decides, for one limit, when a new round is worth a write: at
-// most one an Interval; when the level changed; one Interval after a round
-// that changed it (its increases wait for that round: Applied); and when
-// the last round is KeepAlive old, so that a steady allocation does not go
-// stale at the nodes. The writes then follow the changes of demand, not the
-// clock, but for one every KeepAlive.
+// most one an Interval; when the level or the reports it counted changed
+// (a node's share follows its own report, even under the same level); one
+// Interval after such a round (its increases wait for that round: Applied);
+// and when the last round is KeepAlive old, so that a steady allocation
+// does not go stale at the nodes. The writes then follow the changes of
+// demand, not the clock, but for one every KeepAlive.
 type Allocator struct {
 	Interval  time.Duration
 	KeepAlive time.Duration // below the nodes' stale age
 
 	last    Allocation
-	pending bool // the last round changed the level: the next releases its increases
+	pending bool // the last round changed something: the next releases its increases
 }
 
 // Resume continues from a round another allocator published (a new leader
@@ -35,29 +64,40 @@ func (a *Allocator) Resume(last Allocation) {
 	a.last, a.pending = last, true
 }
 
-// Next returns the round to publish for level at now, and whether to
-// publish it. The caller records it with Published once written.
-func (a *Allocator) Next(level Level, now time.Time) (Allocation, bool) {
-	if !a.last.Time.IsZero() && now.Sub(a.last.Time) < a.Interval {
-		return a.last, false
+// Last is the last round published (the zero Allocation before any).
+func (a *Allocator) Last() Allocation { return a.last }
+
+// Next returns the round to publish for level, computed at now over the
+// reports whose fingerprint is counted, and whether to publish it; if not,
+// again is when the same inputs would make a round. The caller records a
+// round with Published once written.
+func (a *Allocator) Next(level Level, counted uint64, now time.Time) (r Allocation, write bool, again time.Time) {
+	first := a.last.Time.IsZero()
+	changed := first || level != a.last.Level || counted != a.last.counted || a.pending
+	switch {
+	case !first && now.Sub(a.last.Time) < a.Interval:
+		if changed {
+			return a.last, false, a.last.Time.Add(a.Interval)
+		}
+		return a.last, false, a.last.Time.Add(a.KeepAlive)
+	case changed || now.Sub(a.last.Time) >= a.KeepAlive:
+		return Allocation{Round: a.last.Round + 1, Level: level, Time: now, counted: counted}, true, time.Time{}
 	}
-	if a.last.Time.IsZero() || level != a.last.Level || a.pending || now.Sub(a.last.Time) >= a.KeepAlive {
-		return Allocation{Round: a.last.Round + 1, Level: level, Time: now}, true
-	}
-	return a.last, false
+	return a.last, false, a.last.Time.Add(a.KeepAlive)
 }
 
 // Published records a round that was written.
 func (a *Allocator) Published(r Allocation) {
-	a.pending = r.Level != a.last.Level || a.last.Time.IsZero()
+	a.pending = a.last.Time.IsZero() || r.Level != a.last.Level || r.counted != a.last.counted
 	a.last = r
 }
 
 // Node is one node's side of one demand-shared limit: from the rounds it
 // sees, its own published demands and the clock, the share it enforces.
 type Node struct {
-	// Interval is the report interval: while the allocation is stale, the
-	// fall back to the equal share steps once an interval.
+	// Interval is the report interval: the time a report may take to
+	// reach the allocator (Counted's lag), and while the allocation is
+	// stale, the fall back to the equal share steps once an interval.
 	Interval time.Duration
 	// StaleAfter is the age past which a round no longer counts.
 	StaleAfter time.Duration
@@ -65,8 +105,11 @@ type Node struct {
 	applied Applied
 	round   int64     // the last round stepped
 	stale   time.Time // when the last stale step was taken; zero while fresh
-	demand  [2]uint64 // the last two demands this node published
-	first   time.Time // when it published its first
+	// reports are the last three this node published, oldest first: a
+	// round seen up to an interval late counts one of them, the latest at
+	// least an Interval older than the round, and reports are at least an
+	// Interval apart.
+	reports [3]Report
 	started time.Time
 }
 
@@ -76,26 +119,31 @@ func (n *Node) Start(share uint64, now time.Time) {
 	n.applied, n.started = Start(share), now
 }
 
-// Reported records a demand this node published at. A round's share is of
-// the smaller of the last two: the allocator may have read either.
+// Reported records a demand this node published at: the time the Lease
+// says, to the microsecond it holds. A write that failed may still have
+// reached the API server: record then the smaller of the demand tried and
+// the one before, which is no more than the allocator counts either way.
 func (n *Node) Reported(d uint64, at time.Time) {
-	if n.first.IsZero() {
-		n.first, n.demand[1] = at, d
-	}
-	n.demand[0], n.demand[1] = n.demand[1], d
+	copy(n.reports[:], n.reports[1:])
+	n.reports[len(n.reports)-1] = Report{Demand: d, At: at}
+}
+
+// LastReport is the last demand recorded with Reported (ok false: none).
+func (n *Node) LastReport() (Report, bool) {
+	r := n.reports[len(n.reports)-1]
+	return r, !r.At.IsZero()
 }
 
 // Share is what to enforce at now, given the latest round seen (a zero
 // Allocation: none yet) and the equal share (rate / count, as without
-// demand shares). A new round steps to its share, or to its floor if it may
-// not have counted this node: computed before one Interval had passed since
-// the node's first report (the time the report takes to reach the
-// allocator, at most), the floor being all a node outside the allocation
-// may take. A stale round steps to the equal share once an Interval, and at
-// once when the equal share falls below what is enforced (the count grew);
-// so does no round at all, once StaleAfter has passed since Start (before,
-// the node waits for the round the others have). In all, a decrease applies
-// at once and an increase one step later.
+// demand shares). A new round steps to the share of the report it counted
+// (Counted), or to its floor if it counted none (the floor being all a node
+// outside the allocation may take). A stale round steps to the equal share
+// once an Interval, and at once when the equal share falls below what is
+// enforced (the count grew); so does no round at all, once StaleAfter has
+// passed since Start (before, the node waits for the round the others
+// have). In all, a decrease applies at once and an increase one step
+// later.
 //
 // The zero Node starts at the equal share on its first call.
 func (n *Node) Share(a Allocation, equal uint64, now time.Time) uint64 {
@@ -109,9 +157,9 @@ func (n *Node) Share(a Allocation, equal uint64, now time.Time) uint64 {
 	switch {
 	case fresh && a.Round != n.round:
 		n.round, n.stale = a.Round, time.Time{}
-		share := a.Level.Share(min(n.demand[0], n.demand[1]))
-		if n.first.IsZero() || a.Time.Before(n.first.Add(n.Interval)) {
-			share = a.Level.Floor
+		share := a.Level.Floor
+		if r, ok := Counted(a.Time, n.Interval, n.reports[:]...); ok {
+			share = a.Level.Share(r.Demand)
 		}
 		n.applied.Step(share)
 	case !fresh && (n.stale.IsZero() || now.Sub(n.stale) >= n.Interval || equal < n.applied.Now()):
@@ -120,3 +168,6 @@ func (n *Node) Share(a Allocation, equal uint64, now time.Time) uint64 {
 	}
 	return n.applied.Now()
 }
+
+// Now is what is enforced, as the last Share returned it.
+func (n *Node) Now() uint64 { return n.applied.Now() }

@@ -15,7 +15,7 @@ func TestAllocatorRounds(t *testing.T) {
 	var writes []int64
 	step := func(at time.Duration, l Level) {
 		t.Helper()
-		r, ok := a.Next(l, t0.Add(at))
+		r, ok, _ := a.Next(l, 1, t0.Add(at))
 		if ok {
 			a.Published(r)
 			writes = append(writes, int64(at/time.Second))
@@ -39,17 +39,59 @@ func TestAllocatorRounds(t *testing.T) {
 	// A new leader resumes from the status: one round an interval later
 	// whatever the level, then steady.
 	b := Allocator{Interval: interval, KeepAlive: keepAlive}
-	b.Resume(a.last)
-	if _, ok := b.Next(l2, t0.Add(145*time.Second)); ok {
-		t.Error("a resumed allocator wrote within the interval")
+	b.Resume(Allocation{Round: a.last.Round, Level: a.last.Level, Time: a.last.Time}) // as the status holds it
+	if _, ok, again := b.Next(l2, 1, t0.Add(145*time.Second)); ok || !again.Equal(t0.Add(150*time.Second)) {
+		t.Errorf("a resumed allocator: written %v within the interval, again at %v, want at 150 s", ok, again.Sub(t0))
 	}
-	r, ok := b.Next(l2, t0.Add(150*time.Second))
+	r, ok, _ := b.Next(l2, 1, t0.Add(150*time.Second))
 	if !ok || r.Round != 6 {
 		t.Fatalf("resumed: round %d written %v, want 6", r.Round, ok)
 	}
 	b.Published(r)
-	if _, ok := b.Next(l2, t0.Add(160*time.Second)); ok {
-		t.Error("a resumed allocator wrote a steady level twice")
+	// Which reports the old leader counted is not in the status: one more
+	// round releases what this one may have changed, then it is steady.
+	r, ok, _ = b.Next(l2, 1, t0.Add(160*time.Second))
+	if !ok {
+		t.Fatal("a resumed allocator wrote no release round after its first")
+	}
+	b.Published(r)
+	if _, ok, again := b.Next(l2, 1, t0.Add(165*time.Second)); ok || !again.Equal(t0.Add(160*time.Second+keepAlive)) {
+		t.Errorf("a resumed allocator: a steady level written %v, again at %v, want at the keep-alive", ok, again.Sub(t0))
+	}
+	// Other reports counted under the same level: a round (a node's share
+	// follows its own report), and its release round.
+	var at []int64
+	for _, s := range []int{170, 175, 180, 190, 200} {
+		counted := uint64(1)
+		if s >= 170 {
+			counted = 2
+		}
+		if r, ok, _ := b.Next(l2, counted, t0.Add(time.Duration(s)*time.Second)); ok {
+			b.Published(r)
+			at = append(at, int64(s))
+		}
+	}
+	if want := []int64{170, 180}; !equalInts(at, want) {
+		t.Errorf("other reports counted: rounds at %v s, want %v", at, want)
+	}
+}
+
+func TestCounted(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	reports := []Report{{100, at(0)}, {200, at(10)}, {300, at(20)}}
+	for _, tc := range []struct {
+		round int
+		want  uint64 // 0: none counted
+	}{{5, 0}, {9, 0}, {10, 100}, {19, 100}, {20, 200}, {29, 200}, {30, 300}, {100, 300}} {
+		r, ok := Counted(at(tc.round), 10*time.Second, reports...)
+		if got := map[bool]uint64{true: r.Demand}[ok]; got != tc.want {
+			t.Errorf("a round at %d s counts %d, want %d", tc.round, got, tc.want)
+		}
+	}
+	// The order of the reports does not matter; zero times are none.
+	if r, ok := Counted(at(25), 10*time.Second, reports[2], Report{}, reports[1], reports[0]); !ok || r.Demand != 200 {
+		t.Errorf("out of order: %v %v, want 200", r, ok)
 	}
 }
 
@@ -116,22 +158,30 @@ func TestNodeShare(t *testing.T) {
 			t.Fatalf("step %d (round %d at %d s, equal %d): share %d, want %d", i, tc.a.Round, tc.now, tc.equal, got, tc.want)
 		}
 	}
-	// The share is of the smaller of the last two reports.
+	// A round counts the latest report an interval older than itself.
 	n.Reported(3000, at(125))
-	if got := n.Share(round(8, 6500, 130), 2500, at(130)); got != 3000 {
-		t.Errorf("after a report of 3000: %d, want 3000", got)
+	if got := n.Share(round(8, 6500, 130), 2500, at(130)); got != 6500 {
+		t.Errorf("a round 5 s after a report of 3000: %d, want 6500 (of the report of 7000, which it counted)", got)
 	}
-	n.Reported(9000, at(135))
-	if got := n.Share(round(9, 6500, 140), 2500, at(140)); got != 3000 {
-		t.Errorf("after a report of 9000 (the allocator may have read 3000): %d, want 3000", got)
+	if got := n.Share(round(9, 6500, 135), 2500, at(135)); got != 3000 {
+		t.Errorf("a round counting the report of 3000: %d, want 3000 (a decrease, at once)", got)
 	}
-	if got := n.Share(round(10, 6500, 150), 2500, at(150)); got != 3000 {
-		t.Errorf("round 10: %d, want 3000 (round 9's share, deferred)", got)
+	n.Reported(9000, at(140))
+	if got := n.Share(round(10, 6500, 145), 2500, at(145)); got != 3000 {
+		t.Errorf("a round 5 s after a report of 9000: %d, want 3000", got)
 	}
-	n.Reported(9000, at(155))
-	n.Share(round(11, 6500, 160), 2500, at(160))
-	if got := n.Share(round(12, 6500, 170), 2500, at(170)); got != 6500 {
-		t.Errorf("two reports of 9000 later: %d, want the water level 6500", got)
+	if got := n.Share(round(11, 6500, 150), 2500, at(150)); got != 3000 {
+		t.Errorf("the round counting the report of 9000: %d, want 3000 (an increase, deferred)", got)
+	}
+	if got := n.Share(round(12, 6500, 160), 2500, at(160)); got != 6500 {
+		t.Errorf("the round after: %d, want the water level 6500 (one report of 9000 is enough)", got)
+	}
+	// A round seen late, after two more reports, still counts the one
+	// its time says.
+	n.Reported(1000, at(170))
+	n.Reported(2000, at(180))
+	if got := n.Share(Allocation{Round: 13, Level: Level{Water: 8000, Floor: 60}, Time: at(165)}, 2500, at(185)); got != 6500 {
+		t.Errorf("round 13 of 165 s, seen at 185 s: %d, want 6500 (of the report of 9000 at 140 s)", got)
 	}
 }
 
@@ -155,10 +205,14 @@ func TestNodesSumThroughTransitions(t *testing.T) {
 	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
 	type node struct {
 		Node
-		joined   int
-		demand   uint64
-		reported uint64 // what the allocator reads
-		seenAt   []int  // when each round reaches this node
+		joined int
+		demand uint64
+		// lease are the reports the allocator holds of this node: the
+		// Lease's latest and the one before, each a second after it was
+		// made.
+		lease  []Report
+		made   []Report
+		seenAt []int // when each round reaches this node
 	}
 	var nodes []*node
 	join := func(s int) {
@@ -170,7 +224,7 @@ func TestNodesSumThroughTransitions(t *testing.T) {
 	}
 	alloc := Allocator{Interval: interval, KeepAlive: keepAlive}
 	var rounds []Allocation
-	var stale, fellBack, maxSum int
+	var stale, fellBack, maxSum, maxUncounted int
 	for s := 0; s < hour; s++ {
 		if s == 900 {
 			join(s)
@@ -187,24 +241,27 @@ func TestNodesSumThroughTransitions(t *testing.T) {
 				// past the rate, and the allocation is tight.
 				n.demand = uint64(rate/12 + r.IntN(rate/3))
 			}
-			// The report: once an interval, read by the allocator a
+			// The report: once an interval, in the allocator's cache a
 			// second later.
 			if (s-n.joined)%10 == 0 {
 				n.Reported(n.demand, at(s))
+				n.made = append(n.made, Report{n.demand, at(s)})
 			}
 			if (s-n.joined)%10 == 1 {
-				n.reported = n.demand
+				n.lease = n.made[max(0, len(n.made)-2):]
 			}
 		}
 		// The allocator, away from 1800 s to 2100 s.
 		if s < 1800 || s >= 2100 {
 			var ds []uint64
-			for _, n := range nodes {
-				if s > n.joined+1 {
-					ds = append(ds, n.reported)
+			var counted uint64
+			for i, n := range nodes {
+				if rep, ok := Counted(at(s), interval, n.lease...); ok {
+					ds = append(ds, rep.Demand)
+					counted = counted*31 + uint64(i)<<32 + uint64(rep.At.Unix())
 				}
 			}
-			if a, ok := alloc.Next(Allocate(rate, floor, ds), at(s)); ok {
+			if a, ok, _ := alloc.Next(Allocate(rate, floor, ds), counted, at(s)); ok {
 				alloc.Published(a)
 				rounds = append(rounds, a)
 				for _, n := range nodes {
@@ -231,7 +288,7 @@ func TestNodesSumThroughTransitions(t *testing.T) {
 					fellBack++
 				}
 			}
-			if a.Time.IsZero() || a.Time.Before(at(n.joined+2)) {
+			if _, ok := Counted(a.Time, interval, n.made...); a.Time.IsZero() || !ok {
 				uncounted++
 			}
 		}
@@ -239,11 +296,13 @@ func TestNodesSumThroughTransitions(t *testing.T) {
 			t.Fatalf("at %d s: applied shares sum to %d, above the rate and %d uncounted floors (%d)", s, sum, uncounted, bound)
 		}
 		maxSum = max(maxSum, int(sum))
+		maxUncounted = max(maxUncounted, uncounted)
 	}
 	if stale == 0 || fellBack == 0 {
 		t.Errorf("the allocator's absence left %d node-seconds stale, %d of them at the equal share: the fall back was not exercised", stale, fellBack)
 	}
-	t.Logf("%d rounds; the applied sum peaked at %d of %d; %d node-seconds stale, %d at the equal share", len(rounds), maxSum, rate, stale, fellBack)
+	t.Logf("%d rounds; the applied sum peaked at %d of %d; %d node-seconds stale, %d at the equal share; at most %d node(s) uncounted at once",
+		len(rounds), maxSum, rate, stale, fellBack, maxUncounted)
 }
 
 // TestNodeShareWithoutAllocator: with no round at all (no allocator has

@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"hash/fnv"
 	"maps"
 	"math"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -16,6 +18,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
+	"github.com/rlagent/rlagent/api/v1alpha1"
 	"github.com/rlagent/rlagent/demand"
 )
 
@@ -38,9 +41,20 @@ const (
 	// labelDemand marks the demand Leases, so that the allocator lists
 	// only them.
 	labelDemand = "rlagent.io/demand"
-	// annotationDemand holds the node's demands: {"limit": units/s}.
+	// annotationDemand holds the node's demands: {"limit": units/s}, as
+	// of spec.renewTime.
 	annotationDemand = "rlagent.io/demand"
+	// annotationPrevious holds the report the write replaced:
+	// {"at": time, "demands": {...}}. A round counts the latest report
+	// an interval old (demand.Counted), which may be that one.
+	annotationPrevious = "rlagent.io/demand-previous"
 )
+
+// previousReport is annotationPrevious's value.
+type previousReport struct {
+	At      metav1.MicroTime  `json:"at"`
+	Demands map[string]uint64 `json:"demands"`
+}
 
 // DemandConfig configures a node's demand reports.
 type DemandConfig struct {
@@ -98,6 +112,13 @@ func NewDemandPublisher(cfg DemandConfig) *DemandPublisher {
 	return &DemandPublisher{cfg: cfg}
 }
 
+// DemandWrite is one write of the demand Lease: the demands and the time
+// the Lease says they are of (spec.renewTime, to the microsecond).
+type DemandWrite struct {
+	Demands map[string]uint64
+	At      time.Time
+}
+
 // Published is the demand of each limit as the Lease last said it (nil
 // before the first write): a node computes its share from what it
 // reported, the same number the allocator used, not from its live
@@ -108,17 +129,31 @@ func (p *DemandPublisher) Published() map[string]uint64 {
 	return maps.Clone(p.published)
 }
 
-// Publish writes the demands if they are worth a write (see DemandConfig)
-// and reports whether it wrote. A failed write is returned and leaves what
-// was published as it was; a Publish one interval later tries again (an
-// API server that does not answer is asked once an interval, not at every
-// call).
-func (p *DemandPublisher) Publish(ctx context.Context, ds []Demand) (bool, error) {
+// Configure changes the interval and keep-alive (a config reload); zero
+// values keep the current ones.
+func (p *DemandPublisher) Configure(interval, keepAlive time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	now := p.cfg.Now()
+	if interval > 0 {
+		p.cfg.Interval = interval
+	}
+	if keepAlive > 0 {
+		p.cfg.KeepAlive = keepAlive
+	}
+}
+
+// Publish writes the demands if they are worth a write (see DemandConfig)
+// and returns the write it tried, or nil. A failed write is returned with
+// its error and leaves what was published as it was (though it may have
+// reached the API server: the caller takes the smaller of the two for the
+// report); a Publish one interval later tries again (an API server that
+// does not answer is asked once an interval, not at every call).
+func (p *DemandPublisher) Publish(ctx context.Context, ds []Demand) (*DemandWrite, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := p.cfg.Now().Truncate(time.Microsecond) // what the Lease's MicroTime holds
 	if !p.tried.IsZero() && now.Sub(p.tried) < p.cfg.Interval {
-		return false, nil
+		return nil, nil
 	}
 	next := make(map[string]uint64, len(ds))
 	changed := p.published == nil || now.Sub(p.at) >= p.cfg.KeepAlive || len(ds) != len(p.published)
@@ -128,14 +163,15 @@ func (p *DemandPublisher) Publish(ctx context.Context, ds []Demand) (bool, error
 		changed = changed || !ok || demand.Moved(float64(old), d.Rate, p.cfg.Moved, d.Threshold)
 	}
 	if !changed {
-		return false, nil
+		return nil, nil
 	}
 	p.tried = now
+	w := &DemandWrite{Demands: next, At: now}
 	if err := p.write(ctx, next, now); err != nil {
-		return false, err
+		return w, err
 	}
 	p.published, p.at = next, now
-	return true, nil
+	return w, nil
 }
 
 // units rounds a demand to whole units/s. A demand that is not a number
@@ -179,6 +215,17 @@ func (p *DemandPublisher) write(ctx context.Context, demands map[string]uint64, 
 		return fmt.Errorf("get demand lease %s/%s: %w", p.cfg.Namespace, name, err)
 	}
 	l = l.DeepCopy()
+	prev := ""
+	if l.Spec.RenewTime != nil {
+		var cur map[string]uint64
+		if json.Unmarshal([]byte(l.Annotations[annotationDemand]), &cur) == nil {
+			b, err := json.Marshal(previousReport{At: *l.Spec.RenewTime, Demands: cur})
+			if err != nil {
+				return err
+			}
+			prev = string(b)
+		}
+	}
 	if l.Labels == nil {
 		l.Labels = map[string]string{}
 	}
@@ -187,6 +234,11 @@ func (p *DemandPublisher) write(ctx context.Context, demands map[string]uint64, 
 	}
 	l.Labels[labelDemand] = "node"
 	l.Annotations[annotationDemand] = string(value)
+	if prev != "" {
+		l.Annotations[annotationPrevious] = prev
+	} else {
+		delete(l.Annotations, annotationPrevious)
+	}
 	l.Spec.HolderIdentity, l.Spec.LeaseDurationSeconds, l.Spec.RenewTime = spec.HolderIdentity, spec.LeaseDurationSeconds, spec.RenewTime
 	if _, err := leases.Update(ctx, l, metav1.UpdateOptions{}); err != nil {
 		return fmt.Errorf("update demand lease %s/%s: %w", p.cfg.Namespace, name, err)
@@ -194,15 +246,20 @@ func (p *DemandPublisher) write(ctx context.Context, demands map[string]uint64, 
 	return nil
 }
 
-// NodeDemand is one node's report as the allocator reads it.
+// NodeDemand is one node's report as the allocator reads it: the latest
+// and the one it replaced.
 type NodeDemand struct {
-	Node    string
-	Demands map[string]uint64
-	Renewed time.Time
+	Node     string
+	Demands  map[string]uint64
+	Renewed  time.Time
+	Previous map[string]uint64 // nil: none
+	PrevAt   time.Time
 }
 
 // parseDemandLease reads a demand Lease; ok is false for a Lease that is
-// not one, or whose report expired at now (a node that is gone).
+// not one, or whose report expired at now (a node that is gone). A
+// previous report that cannot be read is left out (the latest then counts
+// only once an interval old).
 func parseDemandLease(l *coordinationv1.Lease, now time.Time) (NodeDemand, bool, error) {
 	if l.Labels[labelDemand] != "node" || l.Spec.HolderIdentity == nil || l.Spec.RenewTime == nil || l.Spec.LeaseDurationSeconds == nil {
 		return NodeDemand{}, false, nil
@@ -215,22 +272,68 @@ func parseDemandLease(l *coordinationv1.Lease, now time.Time) (NodeDemand, bool,
 	if err := json.Unmarshal([]byte(l.Annotations[annotationDemand]), &d); err != nil {
 		return NodeDemand{}, false, fmt.Errorf("demand lease %s: annotation %s: %w", l.Name, annotationDemand, err)
 	}
-	return NodeDemand{Node: *l.Spec.HolderIdentity, Demands: d, Renewed: renewed}, true, nil
+	nd := NodeDemand{Node: *l.Spec.HolderIdentity, Demands: d, Renewed: renewed}
+	if raw, ok := l.Annotations[annotationPrevious]; ok {
+		var p previousReport
+		if err := json.Unmarshal([]byte(raw), &p); err == nil && p.At.Before(&metav1.MicroTime{Time: renewed}) {
+			nd.Previous, nd.PrevAt = p.Demands, p.At.Time
+		}
+	}
+	return nd, true, nil
 }
 
-// allocate computes each limit's level from the nodes' reports: the limits
-// named in rates (the global rate and the floor of each), over the nodes
-// that report a demand for it.
-func allocate(rates map[string][2]uint64, nodes []NodeDemand) map[string]demand.Level {
-	out := make(map[string]demand.Level, len(rates))
-	for _, name := range slices.Sorted(maps.Keys(rates)) {
-		var ds []uint64
-		for _, n := range nodes {
-			if d, ok := n.Demands[name]; ok {
-				ds = append(ds, d)
+// counted is one limit's input to a round computed at t: the demand of
+// each node whose Lease holds a report of the limit at least lag old
+// (demand.Counted), a fingerprint of those reports, and the next time a
+// report becomes that old (zero: none will).
+func counted(nodes []NodeDemand, limit string, t time.Time, lag time.Duration) (ds []uint64, fingerprint uint64, next time.Time) {
+	h := fnv.New64a()
+	nodes = slices.SortedFunc(slices.Values(nodes), func(a, b NodeDemand) int { return strings.Compare(a.Node, b.Node) })
+	for _, n := range nodes {
+		var rs []demand.Report
+		if d, ok := n.Demands[limit]; ok {
+			rs = append(rs, demand.Report{Demand: d, At: n.Renewed})
+			if at := n.Renewed.Add(lag); at.After(t) && (next.IsZero() || at.Before(next)) {
+				next = at
 			}
 		}
-		out[name] = demand.Allocate(rates[name][0], rates[name][1], ds)
+		if d, ok := n.Previous[limit]; ok {
+			rs = append(rs, demand.Report{Demand: d, At: n.PrevAt})
+		}
+		r, ok := demand.Counted(t, lag, rs...)
+		if !ok {
+			continue
+		}
+		ds = append(ds, r.Demand)
+		fmt.Fprintf(h, "%s\x00%d\x00%d\x00", n.Node, r.At.UnixNano(), r.Demand)
 	}
-	return out
+	return ds, h.Sum64(), next
+}
+
+// allocationStatus is a round as the status holds it.
+func allocationStatus(r demand.Allocation, nodes int, asked uint64) *v1alpha1.Allocation {
+	a := &v1alpha1.Allocation{Round: r.Round, Floor: r.Level.Floor, Nodes: int32(nodes), Demand: asked, Time: metav1.NewTime(r.Time)}
+	if r.Level.Water != math.MaxUint64 {
+		a.Water = ptr.To(r.Level.Water)
+	}
+	return a
+}
+
+// AllocationOf is the round a status holds (the zero Allocation: none).
+func AllocationOf(a *v1alpha1.Allocation) demand.Allocation {
+	if a == nil {
+		return demand.Allocation{}
+	}
+	r := demand.Allocation{Round: a.Round, Level: demand.Level{Water: math.MaxUint64, Floor: a.Floor}, Time: a.Time.Time}
+	if a.Water != nil {
+		r.Level.Water = *a.Water
+	}
+	return r
+}
+
+// DemandPublisher returns a publisher of this node's demand Lease, in the
+// agents' namespace: cfg with k's client, namespace and node.
+func (k *Kubernetes) DemandPublisher(cfg DemandConfig) *DemandPublisher {
+	cfg.Client, cfg.Namespace, cfg.Node = k.cfg.Client, k.cfg.AgentNamespace, k.cfg.NodeName
+	return NewDemandPublisher(cfg)
 }

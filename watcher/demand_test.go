@@ -3,13 +3,12 @@ package watcher
 import (
 	"context"
 	"math"
+	"slices"
 	"testing"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
-
-	"github.com/rlagent/rlagent/demand"
 )
 
 // fakeClock is a clock a test sets.
@@ -60,11 +59,11 @@ func TestDemandPublisher(t *testing.T) {
 	}
 	publish := func(want bool, ds ...Demand) {
 		t.Helper()
-		wrote, err := p.Publish(ctx, ds)
+		w, err := p.Publish(ctx, ds)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if wrote != want {
+		if wrote := w != nil; wrote != want {
 			t.Fatalf("at %v, Publish(%+v) wrote %v, want %v", clock.t, ds, wrote, want)
 		}
 	}
@@ -87,6 +86,7 @@ func TestDemandPublisher(t *testing.T) {
 	if got := p.Published(); len(got) != 1 || got["web"] != 8000 {
 		t.Fatalf("published %v, want only web", got)
 	}
+	third := clock.t
 	// Unchanged, it is written again when KeepAlive old.
 	clock.add(90 * time.Second)
 	publish(false, Demand{"web", 8000, 60})
@@ -103,6 +103,11 @@ func TestDemandPublisher(t *testing.T) {
 	if err != nil || !ok || nd.Node != "node-a" || nd.Demands["web"] != 8000 || !nd.Renewed.Equal(clock.t) {
 		t.Fatalf("read back: %+v ok %v err %v", nd, ok, err)
 	}
+	// With the report it replaced, for the rounds that cannot have seen
+	// the latest yet.
+	if nd.Previous["web"] != 8000 || len(nd.Previous) != 1 || !nd.PrevAt.Equal(third) {
+		t.Errorf("the previous report: %v at %v, want web 8000 at %v", nd.Previous, nd.PrevAt, third)
+	}
 	if _, ok, _ := parseDemandLease(l, clock.t.Add(201*time.Second)); ok {
 		t.Error("a report older than twice KeepAlive still counts")
 	}
@@ -117,15 +122,15 @@ func TestDemandPublisherFailedWrite(t *testing.T) {
 	p := NewDemandPublisher(DemandConfig{Client: env.Clientset(), Namespace: "no-such-namespace", Node: "node-a",
 		Interval: 10 * time.Second, Now: clock.now})
 	ctx := context.Background()
-	if wrote, err := p.Publish(ctx, []Demand{{"web", 7000, 60}}); wrote || err == nil {
-		t.Fatalf("into a namespace that does not exist: wrote %v, err %v", wrote, err)
+	if w, err := p.Publish(ctx, []Demand{{"web", 7000, 60}}); w == nil || w.Demands["web"] != 7000 || err == nil {
+		t.Fatalf("into a namespace that does not exist: tried %+v, err %v; want the write tried, and its error", w, err)
 	}
 	if p.Published() != nil {
 		t.Fatalf("published %v after a failed write", p.Published())
 	}
 	clock.add(time.Second)
-	if wrote, err := p.Publish(ctx, []Demand{{"web", 7000, 60}}); wrote || err != nil {
-		t.Fatalf("a second after the failure: wrote %v, err %v; want no attempt", wrote, err)
+	if w, err := p.Publish(ctx, []Demand{{"web", 7000, 60}}); w != nil || err != nil {
+		t.Fatalf("a second after the failure: tried %+v, err %v; want no attempt", w, err)
 	}
 	clock.add(9 * time.Second)
 	if _, err := p.Publish(ctx, []Demand{{"web", 7000, 60}}); err == nil {
@@ -133,21 +138,35 @@ func TestDemandPublisherFailedWrite(t *testing.T) {
 	}
 }
 
-func TestAllocateFromReports(t *testing.T) {
+// TestCountedReports: a round counts, of each node, the latest report
+// its Lease holds that is an interval old, and says when the next one
+// will be.
+func TestCountedReports(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
 	nodes := []NodeDemand{
-		{Node: "a", Demands: map[string]uint64{"web": 7000, "api": 50}},
-		{Node: "b", Demands: map[string]uint64{"web": 3000}},
-		{Node: "c", Demands: map[string]uint64{"web": 0, "api": 2000}},
+		{Node: "b", Demands: map[string]uint64{"web": 3000}, Renewed: at(0)},
+		{Node: "a", Demands: map[string]uint64{"web": 7000, "api": 50}, Renewed: at(8), Previous: map[string]uint64{"web": 6000}, PrevAt: at(-5)},
+		{Node: "c", Demands: map[string]uint64{"web": 0, "api": 2000}, Renewed: at(9)},
+		{Node: "d", Demands: map[string]uint64{"api": 10}, Renewed: at(-20)},
 	}
-	got := allocate(map[string][2]uint64{"web": {9000, 60}, "api": {1000, 10}, "idle": {500, 5}}, nodes)
-	if w := got["web"]; w != (demand.Level{Water: 5940, Floor: 60}) {
-		t.Errorf("web: %+v", w)
+	ds, fp, next := counted(nodes, "web", at(10), 10*time.Second)
+	// a's latest is 2 s old: its previous counts; c has none old enough.
+	if !slices.Equal(ds, []uint64{6000, 3000}) || !next.Equal(at(18)) {
+		t.Errorf("web at 10 s: %v, next at %v; want [6000 3000] (a's previous, b), next at 18 s", ds, next.Sub(t0))
 	}
-	if w := got["api"]; w.Water != 950 || w.Floor != 10 {
-		t.Errorf("api (nodes a and c): %+v", w)
+	ds2, fp2, next2 := counted(nodes, "web", at(19), 10*time.Second)
+	if !slices.Equal(ds2, []uint64{7000, 3000, 0}) || !next2.IsZero() || fp2 == fp {
+		t.Errorf("web at 19 s: %v, next at %v, fingerprint changed %v; want [7000 3000 0], none, changed", ds2, next2, fp2 != fp)
 	}
-	if w := got["idle"]; w.Share(0) != 5 || w.Share(400) != 400 {
-		t.Errorf("a limit no node reports: %+v", w)
+	if ds, _, _ := counted(nodes, "api", at(10), 10*time.Second); !slices.Equal(ds, []uint64{10}) {
+		t.Errorf("api at 10 s: %v, want only d's (a's and c's are too new)", ds)
+	}
+	// The Lease's order does not change the fingerprint.
+	rev := slices.Clone(nodes)
+	slices.Reverse(rev)
+	if _, fp4, _ := counted(rev, "web", at(19), 10*time.Second); fp4 != fp2 {
+		t.Error("the fingerprint depends on the order of the Leases")
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"reflect"
 	"slices"
@@ -28,6 +29,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/rlagent/rlagent/api/v1alpha1"
+	"github.com/rlagent/rlagent/demand"
 )
 
 // RateLimitResource is the RateLimit custom resource.
@@ -92,12 +94,13 @@ type Kubernetes struct {
 	slices     sliceWatch
 
 	mu       sync.Mutex
-	ctx      context.Context           // Run's, for the slice informers
-	limits   map[string]v1alpha1.Limit // by name, valid or not
-	invalid  map[string]error          // names whose spec the agent rejects
-	obs      map[string]Observation    // by limit name
-	local    map[string][]Endpoint     // service scope: this node's ready endpoints
-	ports    map[string][]EndpointPort // service scope: the Service's ports
+	ctx      context.Context              // Run's, for the slice informers
+	limits   map[string]v1alpha1.Limit    // by name, valid or not
+	invalid  map[string]error             // names whose spec the agent rejects
+	allocs   map[string]demand.Allocation // share demand: status.allocation, by limit name
+	obs      map[string]Observation       // by limit name
+	local    map[string][]Endpoint        // service scope: this node's ready endpoints
+	ports    map[string][]EndpointPort    // service scope: the Service's ports
 	agents   int
 	desired  int // the DaemonSet's desiredNumberScheduled
 	synced   bool
@@ -324,6 +327,7 @@ func (k *Kubernetes) OnChange(f func()) {
 func (k *Kubernetes) syncLimits() bool {
 	next := make(map[string]v1alpha1.Limit)
 	invalid := make(map[string]error)
+	allocs := make(map[string]demand.Allocation)
 	for _, obj := range k.rlInformer.GetStore().List() {
 		u, ok := obj.(*unstructured.Unstructured)
 		if !ok {
@@ -340,9 +344,15 @@ func (k *Kubernetes) syncLimits() bool {
 			invalid[u.GetName()] = err
 		}
 		next[u.GetName()] = v1alpha1.Limit{Name: u.GetName(), RateLimitSpec: spec}
+		if raw, ok, _ := unstructured.NestedMap(u.Object, "status", "allocation"); ok && spec.Share == v1alpha1.ShareDemand {
+			var a v1alpha1.Allocation
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(raw, &a); err == nil {
+				allocs[u.GetName()] = AllocationOf(&a)
+			}
+		}
 	}
-	changed := !equalLimits(k.limits, next) || !equalErrs(k.invalid, invalid)
-	k.limits, k.invalid = next, invalid
+	changed := !equalLimits(k.limits, next) || !equalErrs(k.invalid, invalid) || !maps.Equal(k.allocs, allocs)
+	k.limits, k.invalid, k.allocs = next, invalid, allocs
 	for name := range k.obs {
 		if _, ok := next[name]; !ok {
 			delete(k.obs, name)
@@ -527,6 +537,14 @@ func equalErrs(a, b map[string]error) bool {
 		}
 	}
 	return true
+}
+
+// Allocation is the last round of a demand-shared limit's allocation, as
+// its status holds it (the zero Allocation: none, or not demand-shared).
+func (k *Kubernetes) Allocation(limit string) demand.Allocation {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.allocs[limit]
 }
 
 // RateLimit returns the RateLimit object as the cache holds it (not to be

@@ -6,11 +6,13 @@ import (
 	"hash/fnv"
 	"log/slog"
 	"maps"
+	"math"
 	"slices"
 	"strconv"
 	"sync"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -29,6 +31,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/rlagent/rlagent/api/v1alpha1"
+	"github.com/rlagent/rlagent/demand"
 )
 
 // Status in a cluster: one writer, many reporters.
@@ -212,7 +215,10 @@ type StatusConfig struct {
 	// Replicas is the count a limit of a static scope is divided by, from
 	// the agent's own count source.
 	Replicas func(l v1alpha1.Limit) int
-	Log      *slog.Logger
+	// Demand is the demand shares' parameters, as configured now (nil:
+	// the defaults).
+	Demand func() v1alpha1.DemandShares
+	Log    *slog.Logger
 }
 
 // StatusWriter writes RateLimit status from the agent that holds the Lease.
@@ -225,6 +231,11 @@ type StatusWriter struct {
 	leading bool
 	queue   workqueue.TypedRateLimitingInterface[string]
 	events  cache.SharedIndexInformer
+
+	// While leading: the demand Leases, and the allocator of each
+	// demand-shared limit (used by sync alone).
+	leases cache.SharedIndexInformer
+	allocs map[string]*demand.Allocator
 }
 
 // NewStatusWriter returns a writer over k's limits and counts. Run starts it.
@@ -366,17 +377,42 @@ func (w *StatusWriter) lead(ctx context.Context) {
 			queue.Add(e.InvolvedObject.Name)
 		}
 	}))
+	// The demand Leases, watched only by the agent that allocates: a
+	// report changes the allocation of the limits with share demand.
+	ls := w.k.cfg.Client.CoordinationV1().Leases(w.cfg.Namespace)
+	demandSel := labelDemand + "=node"
+	leases := cache.NewSharedIndexInformer(&cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.LabelSelector = demandSel
+			return ls.List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.LabelSelector = demandSel
+			return ls.Watch(ctx, o)
+		},
+	}, &coordinationv1.Lease{}, 0, cache.Indexers{})
+	leases.AddEventHandler(handler(func(any) {
+		limits, _ := w.k.Limits()
+		for _, l := range limits {
+			if l.Share == v1alpha1.ShareDemand {
+				queue.Add(l.Name)
+			}
+		}
+	}))
 	go events.RunWithContext(ctx)
+	go leases.RunWithContext(ctx)
 	defer queue.ShutDown()
-	if !cache.WaitForCacheSync(ctx.Done(), events.HasSynced) {
+	if !cache.WaitForCacheSync(ctx.Done(), events.HasSynced, leases.HasSynced) {
 		return
 	}
 	w.mu.Lock()
 	w.leading, w.queue, w.events = true, queue, events
+	w.leases, w.allocs = leases, make(map[string]*demand.Allocator)
 	w.mu.Unlock()
 	defer func() {
 		w.mu.Lock()
 		w.leading, w.queue, w.events = false, nil, nil
+		w.leases, w.allocs = nil, nil
 		w.mu.Unlock()
 	}()
 	w.Changed()
@@ -400,7 +436,7 @@ func (w *StatusWriter) lead(ctx context.Context) {
 			return
 		}
 		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		err := w.sync(rctx, events, name)
+		err := w.sync(rctx, queue, events, leases, name)
 		cancel()
 		if err != nil {
 			w.log.Debug("RateLimit status not written; retrying", "limit", name, "error", err)
@@ -415,7 +451,8 @@ func (w *StatusWriter) lead(ctx context.Context) {
 const byLimit = "limit"
 
 // sync writes one RateLimit's status if it is not what the writer sees.
-func (w *StatusWriter) sync(ctx context.Context, events cache.SharedIndexInformer, name string) error {
+func (w *StatusWriter) sync(ctx context.Context, queue workqueue.TypedRateLimitingInterface[string],
+	events, leases cache.SharedIndexInformer, name string) error {
 	obj, ok, err := w.k.rlInformer.GetStore().GetByKey(name)
 	if err != nil || !ok {
 		return err
@@ -457,6 +494,17 @@ func (w *StatusWriter) sync(ctx context.Context, events cache.SharedIndexInforme
 		}
 		next.Replicas = int32(max(n, 0))
 	}
+	var round *demand.Allocation
+	if i >= 0 && limits[i].Share == v1alpha1.ShareDemand && invalid[name] == nil {
+		if r, ok := w.allocate(queue, leases, limits[i], old.Allocation, next); ok {
+			round = &r
+		}
+	} else {
+		next.Allocation = nil
+		w.mu.Lock()
+		delete(w.allocs, name)
+		w.mu.Unlock()
+	}
 	meta.SetStatusCondition(&next.Conditions, cond)
 	if equality.Semantic.DeepEqual(&old, next) {
 		return nil
@@ -467,8 +515,115 @@ func (w *StatusWriter) sync(ctx context.Context, events cache.SharedIndexInforme
 	}
 	upd := cur.DeepCopy()
 	upd.Object["status"] = raw
-	_, err = w.k.cfg.Dynamic.Resource(RateLimitResource).UpdateStatus(ctx, upd, metav1.UpdateOptions{})
-	return err
+	if _, err = w.k.cfg.Dynamic.Resource(RateLimitResource).UpdateStatus(ctx, upd, metav1.UpdateOptions{}); err != nil {
+		return err
+	}
+	if round != nil {
+		w.published(name, *round)
+	}
+	return nil
+}
+
+// allocate computes the round of a demand-shared limit that is due now,
+// if one is, into next.Allocation, and returns it to be recorded once
+// written (published). It has the limit looked at again when the same
+// inputs would make a round, or a report will start to count.
+func (w *StatusWriter) allocate(queue workqueue.TypedRateLimitingInterface[string], leases cache.SharedIndexInformer,
+	l v1alpha1.Limit, last *v1alpha1.Allocation, next *v1alpha1.RateLimitStatus) (demand.Allocation, bool) {
+	p := w.demandParams()
+	// To the second, as the status holds it: the nodes apply Counted to
+	// the time they read.
+	now := time.Now().Truncate(time.Second)
+	var nodes []NodeDemand
+	for _, obj := range leases.GetStore().List() {
+		lease, ok := obj.(*coordinationv1.Lease)
+		if !ok {
+			continue
+		}
+		nd, ok, err := parseDemandLease(lease, now)
+		if err != nil {
+			w.log.Debug("demand lease not read", "error", err)
+			continue
+		}
+		if ok {
+			nodes = append(nodes, nd)
+		}
+	}
+	// Rounds, and the lag of a report, are half the report interval: a
+	// change is served in about a report interval (the lag, then the
+	// release round), and writes stay at most two a report interval.
+	round := p.Interval.Duration / 2
+	ds, fingerprint, countable := counted(nodes, l.Name, now, round)
+	var asked uint64
+	for _, d := range ds {
+		if asked > math.MaxUint64-d {
+			asked = math.MaxUint64 // saturates: a hostile report cannot wrap it
+		} else {
+			asked += d
+		}
+	}
+	floor := l.Rate * uint64(*p.FloorPerMille) / 1000 / uint64(max(1, len(ds)))
+	level := demand.Allocate(l.Rate, floor, ds)
+
+	w.mu.Lock()
+	a := w.allocs[l.Name]
+	if a == nil {
+		a = &demand.Allocator{}
+		if last != nil {
+			a.Resume(AllocationOf(last))
+		}
+		w.allocs[l.Name] = a
+	}
+	a.Interval, a.KeepAlive = round, p.StaleAfter.Duration/3
+	r, write, again := a.Next(level, fingerprint, now)
+	if len(ds) == 0 {
+		// No node counted yet (a new limit: the first reports are on
+		// their way): the nodes keep what they enforce until a round
+		// counts some.
+		write, again = false, time.Time{}
+	}
+	w.mu.Unlock()
+
+	wake := again
+	if write {
+		wake = now.Add(round) // the round that releases its increases
+	}
+	if !countable.IsZero() && (wake.IsZero() || countable.Before(wake)) {
+		wake = countable
+	}
+	if !wake.IsZero() {
+		// At the next whole second: the rounds' times are of whole
+		// seconds.
+		next := wake.Truncate(time.Second)
+		if next.Before(wake) {
+			next = next.Add(time.Second)
+		}
+		queue.AddAfter(l.Name, time.Until(next)+10*time.Millisecond)
+	}
+	if !write {
+		return demand.Allocation{}, false
+	}
+	next.Allocation = allocationStatus(r, len(ds), asked)
+	return r, true
+}
+
+// published records a round written to a limit's status.
+func (w *StatusWriter) published(name string, r demand.Allocation) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if a := w.allocs[name]; a != nil {
+		a.Published(r)
+	}
+}
+
+// demandParams are the demand shares' parameters, defaulted.
+func (w *StatusWriter) demandParams() v1alpha1.DemandShares {
+	var p v1alpha1.DemandShares
+	if w.cfg.Demand != nil {
+		p = w.cfg.Demand()
+	}
+	p.Default()
+	return p
 }
 
 // accepted is the Accepted condition of a valid limit from the node

@@ -63,11 +63,12 @@ func TestParseConfig(t *testing.T) {
 		ProtectAPIServer: ptr(true),
 		XDPFallback:      XDPFallbackNone,
 		EndpointHook:     EndpointHookHost,
+		DemandShares:     DemandShares{Interval: &metav1.Duration{Duration: 15 * time.Second}, StaleAfter: &metav1.Duration{Duration: time.Minute}, FloorPerMille: ptr(uint32(10))},
 		Limits: []Limit{
 			{Name: "dns", RateLimitSpec: RateLimitSpec{
 				Rate: 20000, Unit: UnitPackets,
 				Match: Match{Direction: DirectionIngress, Protocol: ProtocolUDP, DstPorts: []string{"53"}},
-				Key:   KeyNone, Scope: ScopeStatic, Action: ActionDrop, Attach: AttachUplink,
+				Key:   KeyNone, Scope: ScopeStatic, Action: ActionDrop, Share: ShareEqual, Attach: AttachUplink,
 			}},
 			{Name: "per-source", RateLimitSpec: RateLimitSpec{
 				Rate: 1000, Unit: UnitBytes, Burst: ptr(uint64(5000)),
@@ -79,12 +80,12 @@ func TestParseConfig(t *testing.T) {
 				},
 				Key:          KeySrcPrefix,
 				PrefixLength: &PrefixLength{IPv4: 16, IPv6: DefaultPrefixLengthIPv6},
-				Scope:        ScopeStatic, Action: ActionShadow, Attach: AttachUplink,
+				Scope:        ScopeStatic, Action: ActionShadow, Share: ShareEqual, Attach: AttachUplink,
 			}},
 			{Name: "egress-paced", RateLimitSpec: RateLimitSpec{
 				Rate: 5000, Unit: UnitPackets,
 				Match: Match{Direction: DirectionEgress, Protocol: ProtocolAny},
-				Key:   KeyNone, Scope: ScopeStatic, Action: ActionPace, Attach: AttachUplink,
+				Key:   KeyNone, Scope: ScopeStatic, Action: ActionPace, Share: ShareEqual, Attach: AttachUplink,
 				Horizon: &metav1.Duration{Duration: 250 * time.Millisecond},
 			}},
 		},
@@ -233,17 +234,18 @@ func TestDefault(t *testing.T) {
 		ProtectAPIServer: ptr(true),
 		XDPFallback:      XDPFallbackNone,
 		EndpointHook:     EndpointHookHost,
+		DemandShares:     DemandShares{Interval: &metav1.Duration{Duration: 15 * time.Second}, StaleAfter: &metav1.Duration{Duration: time.Minute}, FloorPerMille: ptr(uint32(10))},
 		Limits: []Limit{
-			{Name: "a", RateLimitSpec: RateLimitSpec{Rate: 5, Unit: UnitPackets, Key: KeyNone, Scope: ScopeStatic, Action: ActionDrop, Attach: AttachUplink,
+			{Name: "a", RateLimitSpec: RateLimitSpec{Rate: 5, Unit: UnitPackets, Key: KeyNone, Scope: ScopeStatic, Action: ActionDrop, Share: ShareEqual, Attach: AttachUplink,
 				Match: Match{Direction: DirectionIngress, Protocol: ProtocolAny}}},
-			{Name: "b", RateLimitSpec: RateLimitSpec{Rate: 1000, Unit: UnitPackets, Key: KeySrcPrefix, Scope: ScopeStatic, Action: ActionDrop, Attach: AttachUplink,
+			{Name: "b", RateLimitSpec: RateLimitSpec{Rate: 1000, Unit: UnitPackets, Key: KeySrcPrefix, Scope: ScopeStatic, Action: ActionDrop, Share: ShareEqual, Attach: AttachUplink,
 				PrefixLength: &PrefixLength{IPv4: 24, IPv6: 48},
 				Match:        Match{Direction: DirectionIngress, Protocol: ProtocolAny}}},
 			// Every field set: nothing changes.
 			{Name: "c", RateLimitSpec: RateLimitSpec{Rate: 1000, Unit: UnitBytes, Burst: ptr(uint64(7)), Key: KeySrcIP,
-				Scope: ScopeNodes, Action: ActionShadow, Attach: AttachUplink, Match: Match{Direction: DirectionEgress, Protocol: ProtocolTCP}}},
+				Scope: ScopeNodes, Action: ActionShadow, Share: ShareEqual, Attach: AttachUplink, Match: Match{Direction: DirectionEgress, Protocol: ProtocolTCP}}},
 			// Pace: the horizon's default.
-			{Name: "d", RateLimitSpec: RateLimitSpec{Rate: 10, Unit: UnitPackets, Key: KeyNone, Scope: ScopeStatic, Action: ActionPace,
+			{Name: "d", RateLimitSpec: RateLimitSpec{Rate: 10, Unit: UnitPackets, Key: KeyNone, Scope: ScopeStatic, Action: ActionPace, Share: ShareEqual,
 				Horizon: &metav1.Duration{Duration: 100 * time.Millisecond}, Attach: AttachUplink,
 				Match: Match{Direction: DirectionEgress, Protocol: ProtocolAny}}},
 		},

@@ -44,6 +44,18 @@ const (
 	DefaultHorizon = 100 * time.Millisecond
 	MinHorizon     = time.Millisecond
 	MaxHorizon     = 4 * time.Second
+
+	// The demand shares' parameters (DemandShares).
+	DefaultDemandInterval = 15 * time.Second
+	MinDemandInterval     = time.Second
+	MaxDemandInterval     = 10 * time.Minute
+	// DefaultDemandStaleIntervals x interval is staleAfter's default,
+	// MinDemandStaleIntervals x interval its least.
+	DefaultDemandStaleIntervals = 4
+	MinDemandStaleIntervals     = 3
+	MaxDemandStaleAfter         = time.Hour
+	DefaultDemandFloorPerMille  = 10
+	MaxDemandFloorPerMille      = 20
 )
 
 // Default applies every default of the file: its own and each limit's.
@@ -74,9 +86,24 @@ func (c *Config) Default() {
 	if c.EndpointHook == "" {
 		c.EndpointHook = EndpointHookHost
 	}
+	c.DemandShares.Default()
 	if c.ProtectAPIServer == nil {
 		on := true
 		c.ProtectAPIServer = &on
+	}
+}
+
+// Default applies the defaults of the demand shares' parameters.
+func (d *DemandShares) Default() {
+	if d.Interval == nil {
+		d.Interval = &metav1.Duration{Duration: DefaultDemandInterval}
+	}
+	if d.StaleAfter == nil {
+		d.StaleAfter = &metav1.Duration{Duration: DefaultDemandStaleIntervals * d.Interval.Duration}
+	}
+	if d.FloorPerMille == nil {
+		f := uint32(DefaultDemandFloorPerMille)
+		d.FloorPerMille = &f
 	}
 }
 
@@ -117,6 +144,9 @@ func (s *RateLimitSpec) Default() {
 	}
 	if s.Action == "" {
 		s.Action = ActionDrop
+	}
+	if s.Share == "" {
+		s.Share = ShareEqual
 	}
 	if s.Action == ActionPace && s.Horizon == nil {
 		s.Horizon = &metav1.Duration{Duration: DefaultHorizon}

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"testing"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -27,9 +28,11 @@ import (
 // These tests read deploy/ without a cluster: every manifest decodes
 // strictly (an unknown or misspelled field is an error) into its typed
 // object, the RateLimit examples pass the agent's validation, the CRD agrees
-// with the Go types, and the DaemonSet and RBAC grant what docs/kubernetes.md
-// says and nothing more. That the API server accepts them is tested against
-// a real one (server-side dry run), not here.
+// with the Go types, the DaemonSet and RBAC grant what docs/kubernetes.md
+// says and nothing more, and an admission policy keeps each agent to its own
+// node's demand Lease. That the API server accepts them is tested against a
+// real one (server-side dry run), and what the policy admits too
+// (test/k8s), not here.
 
 const deployDir = "../../deploy"
 
@@ -123,6 +126,8 @@ type deployment struct {
 	clusterRoleBindings []*rbacv1.ClusterRoleBinding
 	roles               []*rbacv1.Role
 	roleBindings        []*rbacv1.RoleBinding
+	policies            []*admissionregistrationv1.ValidatingAdmissionPolicy
+	policyBindings      []*admissionregistrationv1.ValidatingAdmissionPolicyBinding
 }
 
 func readDeployment(t *testing.T) *deployment {
@@ -177,6 +182,14 @@ func readDeployment(t *testing.T) *deployment {
 		case rbacv1.SchemeGroupVersion.WithKind("RoleBinding"):
 			if x := new(rbacv1.RoleBinding); decode(t, m, x) {
 				d.roleBindings = append(d.roleBindings, x)
+			}
+		case admissionregistrationv1.SchemeGroupVersion.WithKind("ValidatingAdmissionPolicy"):
+			if x := new(admissionregistrationv1.ValidatingAdmissionPolicy); decode(t, m, x) {
+				d.policies = append(d.policies, x)
+			}
+		case admissionregistrationv1.SchemeGroupVersion.WithKind("ValidatingAdmissionPolicyBinding"):
+			if x := new(admissionregistrationv1.ValidatingAdmissionPolicyBinding); decode(t, m, x) {
+				d.policyBindings = append(d.policyBindings, x)
 			}
 		default:
 			t.Errorf("%s: unexpected %v: add it to this test, with checks", m.at, m.gvk)
@@ -552,8 +565,10 @@ func TestDaemonSet(t *testing.T) {
 
 // TestRBAC checks that the agents get exactly the rights docs/kubernetes.md
 // lists: read RateLimits and EndpointSlices, write RateLimit status only;
-// in their namespace read their DaemonSet and hold the status writer's
-// Lease; in default create and read Events (those of RateLimits).
+// in their namespace read their DaemonSet, hold the status writer's Lease
+// and write and read the demand Leases (which of them an agent may write,
+// RBAC cannot say: TestDeployDemandPolicy); in default create and read
+// Events (those of RateLimits).
 func TestRBAC(t *testing.T) {
 	d := readDeployment(t)
 	if len(d.clusterRoles) != 1 || len(d.roles) != 2 || len(d.clusterRoleBindings) != 1 || len(d.roleBindings) != 2 || len(d.serviceAccounts) != 1 {
@@ -574,8 +589,7 @@ func TestRBAC(t *testing.T) {
 	want := map[string][]rbacv1.PolicyRule{
 		agentNamespace: {
 			{APIGroups: []string{"apps"}, Resources: []string{"daemonsets"}, ResourceNames: []string{ds}, Verbs: read},
-			{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"create"}},
-			{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, ResourceNames: []string{"rlagent-status"}, Verbs: []string{"get", "update"}},
+			{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"create", "get", "update", "list", "watch"}},
 		},
 		"default": {
 			{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create", "patch", "list", "watch"}},
@@ -642,5 +656,74 @@ func TestKustomization(t *testing.T) {
 	// (The order does not matter: kustomize puts namespaces and CRDs first.)
 	if k.Kind != "Kustomization" || !slices.Equal(got, want) {
 		t.Errorf("kustomization %s lists %v, want every manifest in deploy/: %v", k.Kind, k.Resources, want)
+	}
+}
+
+// TestDeployDemandPolicy checks the admission policy that does what the
+// Role cannot: it keeps the agents' writes of Leases other than
+// rlagent-status to their own node's demand Lease. Here: that it is bound
+// to deny, and to what it applies; what it admits and denies is tested
+// against a real API server (test/k8s, TestDemandLeasePolicy).
+func TestDeployDemandPolicy(t *testing.T) {
+	d := readDeployment(t)
+	if len(d.policies) != 1 || len(d.policyBindings) != 1 || len(d.serviceAccounts) != 1 {
+		t.Fatalf("want one ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding and ServiceAccount; have %d, %d, %d",
+			len(d.policies), len(d.policyBindings), len(d.serviceAccounts))
+	}
+	p, b, sa := d.policies[0], d.policyBindings[0], d.serviceAccounts[0]
+	if p.Name != "rlagent-demand-leases" {
+		t.Errorf("policy %q, want rlagent-demand-leases", p.Name)
+	}
+	// Warn or Audit alone would let an agent write any node's Lease.
+	if b.Spec.PolicyName != p.Name || !slices.Equal(b.Spec.ValidationActions, []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny}) {
+		t.Errorf("binding %s: policy %q, actions %v; want policy %q, actions [Deny]", b.Name, b.Spec.PolicyName, b.Spec.ValidationActions, p.Name)
+	}
+	if b.Spec.ParamRef != nil || b.Spec.MatchResources != nil {
+		t.Errorf("binding %s narrows or parameterizes the policy (paramRef %+v, matchResources %+v): the policy states what it applies to", b.Name, b.Spec.ParamRef, b.Spec.MatchResources)
+	}
+	if fp := p.Spec.FailurePolicy; fp != nil && *fp != admissionregistrationv1.Fail {
+		t.Errorf("failurePolicy %s: a policy that cannot be evaluated must deny, want Fail", *fp)
+	}
+
+	mc := p.Spec.MatchConstraints
+	if mc == nil {
+		t.Fatal("the policy has no matchConstraints")
+	}
+	want := []admissionregistrationv1.NamedRuleWithOperations{{RuleWithOperations: admissionregistrationv1.RuleWithOperations{
+		Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update},
+		Rule: admissionregistrationv1.Rule{
+			APIGroups: []string{"coordination.k8s.io"}, APIVersions: []string{"v1"}, Resources: []string{"leases"},
+		},
+	}}}
+	if !reflect.DeepEqual(mc.ResourceRules, want) || len(mc.ExcludeResourceRules) != 0 {
+		t.Errorf("resource rules %+v (excluded %+v), want %+v", mc.ResourceRules, mc.ExcludeResourceRules, want)
+	}
+	if want := (&metav1.LabelSelector{MatchLabels: map[string]string{corev1.LabelMetadataName: sa.Namespace}}); !reflect.DeepEqual(mc.NamespaceSelector, want) {
+		t.Errorf("namespace selector %+v, want %+v: the agents' namespace", mc.NamespaceSelector, want)
+	}
+
+	// The agents' own writes only, and not the status writer's election.
+	user := "'system:serviceaccount:" + sa.Namespace + ":" + sa.Name + "'"
+	var byUser, notStatus bool
+	for _, c := range p.Spec.MatchConditions {
+		byUser = byUser || c.Expression == "request.userInfo.username == "+user
+		notStatus = notStatus || c.Expression == "object.metadata.name != 'rlagent-status'"
+	}
+	if !byUser || !notStatus {
+		t.Errorf("match conditions %+v: want the username %s and the names but rlagent-status", p.Spec.MatchConditions, user)
+	}
+	var claim, name, holder bool
+	for _, v := range p.Spec.Variables {
+		claim = claim || strings.Contains(v.Expression, "request.userInfo.?extra[?'authentication.kubernetes.io/node-name']")
+	}
+	for _, v := range p.Spec.Validations {
+		name = name || strings.Contains(v.Expression, "object.metadata.name == 'rlagent-demand-' + variables.node")
+		holder = holder || strings.Contains(v.Expression, "variables.holder == variables.node")
+		if v.Message == "" && v.MessageExpression == "" {
+			t.Errorf("validation %q has no message: the default names the expression, not what is expected", v.Expression)
+		}
+	}
+	if !claim || !name || !holder {
+		t.Errorf("the policy does not read the node-name claim (%v), check the name (%v) or the holder (%v)", claim, name, holder)
 	}
 }

@@ -105,6 +105,11 @@ type RateLimitStatus struct {
 	// +optional
 	Replicas int32 `json:"replicas"`
 
+	// Allocation is the last allocation of a limit with share demand, as
+	// the elected agent published it; absent for share equal.
+	// +optional
+	Allocation *Allocation `json:"allocation,omitempty"`
+
 	// Conditions are the observations of the limit's state. Type Accepted
 	// is True when the agents accept the spec (reason Valid, or Clamped when
 	// a node enforces it clamped to the data path's range), and False when
@@ -117,6 +122,37 @@ type RateLimitStatus struct {
 	// +patchMergeKey=type
 	// +optional
 	Conditions []metav1.Condition `json:"conditions,omitempty" patchStrategy:"merge" patchMergeKey:"type"`
+}
+
+// Allocation is one round of a demand-shared limit's allocation: two
+// numbers, whatever the number of nodes. A node whose reported demand is d
+// enforces max(floor, min(d, water)), the smaller of this round's share and
+// the last round's (an increase waits one round, until every node has
+// applied the round that made room for it).
+//
+// +kubebuilder:object:generate=true
+type Allocation struct {
+	// Round counts the allocations published; a node steps its share once
+	// per round.
+	Round int64 `json:"round"`
+
+	// Water is the most a node gets, units/s; absent when every node gets
+	// all it asks for (the demands fit the rate).
+	// +optional
+	Water *uint64 `json:"water,omitempty"`
+
+	// Floor is the least a node gets, units/s, asked for or not.
+	Floor uint64 `json:"floor"`
+
+	// Nodes is how many nodes' reports the round counted, and Demand what
+	// they asked for together, units/s.
+	Nodes  int32  `json:"nodes"`
+	Demand uint64 `json:"demand"`
+
+	// Time is when the round was computed (to the second). Its age says
+	// whether it still counts (demandShares.staleAfter); a report counts
+	// in it if it was written at least an interval before.
+	Time metav1.Time `json:"time"`
 }
 
 // RateLimitList is a list of RateLimits.

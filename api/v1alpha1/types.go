@@ -73,6 +73,10 @@ type Config struct {
 	// (Optional) host | pod; default host.
 	EndpointHook EndpointHook `json:"endpointHook,omitempty"`
 
+	// DemandShares tunes the limits with share demand, in a cluster.
+	// (Optional) See DemandShares.
+	DemandShares DemandShares `json:"demandShares,omitzero"`
+
 	// ManageQdisc lets the agent put the fq qdisc on the uplinks that a
 	// paced limit leaves through: a departure time does nothing without fq
 	// (Debian's default is fq_codel, a veth's noqueue). true: where an
@@ -86,6 +90,39 @@ type Config struct {
 	// missing.
 	// (Optional) Default false.
 	ManageQdisc bool `json:"manageQdisc,omitempty"`
+}
+
+// DemandShares are the parameters of share demand. Every agent of a
+// cluster must have the same (one ConfigMap): the elected agent's allocate,
+// and each node's report and fall back.
+type DemandShares struct {
+	// Interval is the report interval: a node writes its demand at most
+	// once an interval (only when it moved by 10%, or every 10 intervals),
+	// the elected agent publishes an allocation at most once an interval,
+	// and a report is counted an interval after it was written (the time
+	// it may take to reach the elected agent). A change of demand is
+	// served within about 2 to 3 intervals.
+	// (Optional) 1s..10m; default 15s.
+	// +optional
+	Interval *metav1.Duration `json:"interval,omitempty"`
+
+	// StaleAfter is the age past which an allocation no longer counts:
+	// every node then steps back to its equal share (a decrease at once,
+	// an increase one interval later). The elected agent republishes an
+	// unchanged allocation every third of it.
+	// (Optional) 3 x interval..1h; default 4 x interval.
+	// +optional
+	StaleAfter *metav1.Duration `json:"staleAfter,omitempty"`
+
+	// FloorPerMille is the floor, in thousandths of the equal share
+	// (rate / the nodes reporting): what every node gets, asked for or
+	// not, so that a node whose traffic starts is served at once, up to
+	// it, before the next allocation. The nodes' floors come out of the
+	// rate; a node that joins takes its floor before the allocation counts
+	// it, the only time the shares may sum above the rate.
+	// (Optional) 0..20 (2%); default 10 (1%).
+	// +optional
+	FloorPerMille *uint32 `json:"floorPerMille,omitempty"`
 }
 
 // EndpointHook is where traffic into an endpoint is enforced.
@@ -145,6 +182,8 @@ type Limit struct {
 // +kubebuilder:validation:XValidation:rule="!has(self.attach) || self.attach != 'endpoints' || has(self.match.service) || ((has(self.match.direction) && self.match.direction == 'egress') ? (has(self.match.srcCIDRs) && size(self.match.srcCIDRs) > 0) : (has(self.match.dstCIDRs) && size(self.match.dstCIDRs) > 0))",message="attach endpoints without match.service takes the endpoint addresses from match.dstCIDRs (ingress) or match.srcCIDRs (egress): list them",fieldPath=".attach"
 // +kubebuilder:validation:XValidation:rule="!has(self.unit) || self.unit != 'connections' || !has(self.match.protocol) || self.match.protocol == 'tcp' || self.match.protocol == 'any'",message="unit connections counts TCP SYNs: it needs protocol tcp or any",fieldPath=".unit"
 // +kubebuilder:validation:XValidation:rule="!has(self.key) || self.key != 'dst-port' || !has(self.match.protocol) || self.match.protocol != 'icmp'",message="key dst-port needs protocol tcp, udp or any: icmp has no ports",fieldPath=".key"
+// +kubebuilder:validation:XValidation:rule="!has(self.share) || self.share != 'demand' || self.scope == 'nodes' || self.scope == 'service'",message="share demand needs scope nodes or service: the nodes report their demands and read the allocation through the cluster",fieldPath=".share"
+// +kubebuilder:validation:XValidation:rule="!has(self.share) || self.share != 'demand' || !has(self.key) || self.key == 'none'",message="share demand needs key none: a keyed limit gives each key the whole rate, and its demand is not one bucket's",fieldPath=".share"
 // +kubebuilder:validation:XValidation:rule="!has(self.burst) || self.rate > 4000000000 || self.burst <= self.rate * 3600",message="burst must be at most 3600 seconds of rate (rate x 3600)",fieldPath=".burst"
 type RateLimitSpec struct {
 	// Rate is the global rate, in units per second over all replicas; each
@@ -225,6 +264,25 @@ type RateLimitSpec struct {
 	// +kubebuilder:validation:Format=duration
 	// +optional
 	Horizon *metav1.Duration `json:"horizon,omitempty"`
+
+	// Share is how the global rate is divided among the nodes. equal:
+	// by the count alone (rate / replicas; with scope service, by each
+	// node's local endpoints), whatever traffic each node has. demand: by
+	// what each node asks for, max-min fair: a node that needs less than
+	// an equal share gets what it needs, and the rest goes to the nodes
+	// that need more. Each agent measures its node's demand (the admitted
+	// and over-limit units it already counts), reports it in a Lease of
+	// its own at most once per demandShares.interval when it moved, and
+	// the elected agent publishes the allocation in the status
+	// (status.allocation); every node also gets a small floor, so that a
+	// node whose traffic starts is served at once. Without a fresh
+	// allocation (no elected agent, the API server unreachable) the nodes
+	// go back to equal shares. See docs/kubernetes.md.
+	// (Optional) equal | demand; default equal. demand needs scope nodes
+	// or service and key none.
+	// +kubebuilder:default=equal
+	// +optional
+	Share Share `json:"share,omitempty"`
 
 	// Attach is where the limit is enforced. uplink: on the node's
 	// interfaces (the config's interfaces; XDP for ingress, TC for egress),
@@ -381,6 +439,17 @@ const (
 	DirectionEgress  Direction = "egress"
 )
 
+// Share is how a limit's global rate is divided among the nodes.
+// +kubebuilder:validation:Enum=equal;demand
+type Share string
+
+const (
+	// ShareEqual divides by the count: rate / replicas.
+	ShareEqual Share = "equal"
+	// ShareDemand divides by the nodes' demands, max-min fair.
+	ShareDemand Share = "demand"
+)
+
 // Attach is where a limit is enforced.
 // +kubebuilder:validation:Enum=endpoints;uplink
 type Attach string
@@ -406,6 +475,7 @@ var (
 	Units      = []Unit{UnitPackets, UnitBytes, UnitConnections}
 	Keys       = []Key{KeyNone, KeySrcIP, KeyDstIP, KeySrcPrefix, KeyDstPrefix, KeyDstPort}
 	Attaches   = []Attach{AttachEndpoints, AttachUplink}
+	Shares     = []Share{ShareEqual, ShareDemand}
 	Fallbacks  = []XDPFallback{XDPFallbackNone, XDPFallbackTC}
 	Hooks      = []EndpointHook{EndpointHookHost, EndpointHookPod}
 	Scopes     = []Scope{ScopeStatic, ScopeNodes, ScopeService}

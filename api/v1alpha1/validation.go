@@ -81,8 +81,27 @@ func (c *Config) Validate() error {
 		el.uniqueName("limits", i, l.Name, names)
 		el = append(el, l.RateLimitSpec.validate(p, true)...)
 	}
+	el = append(el, c.DemandShares.validate("demandShares")...)
 	el = append(el, c.validateProtect()...)
 	return errors.Join(el...)
+}
+
+func (d *DemandShares) validate(path string) []error {
+	var el errorList
+	if d.Interval != nil && (d.Interval.Duration < MinDemandInterval || d.Interval.Duration > MaxDemandInterval) {
+		el.add(field(path, "interval"), "%v is not in %v..%v", d.Interval.Duration, MinDemandInterval, MaxDemandInterval)
+	}
+	if d.StaleAfter != nil && d.Interval != nil {
+		least := MinDemandStaleIntervals * d.Interval.Duration
+		if s := d.StaleAfter.Duration; s < least || s > MaxDemandStaleAfter {
+			el.add(field(path, "staleAfter"), "%v is not in %v..%v: at least %d intervals (interval is %v), so that a steady allocation republished every third of it stays fresh",
+				s, least, MaxDemandStaleAfter, MinDemandStaleIntervals, d.Interval.Duration)
+		}
+	}
+	if f := d.FloorPerMille; f != nil && *f > MaxDemandFloorPerMille {
+		el.add(field(path, "floorPerMille"), "%d is not in 0..%d (thousandths of the equal share)", *f, MaxDemandFloorPerMille)
+	}
+	return el
 }
 
 // Validate checks a defaulted spec against every rule that holds wherever
@@ -221,6 +240,18 @@ func (s *RateLimitSpec) validate(path string, standalone bool) []error {
 		}
 	default:
 		el.add(field(path, "action"), "%s", notOneOf(s.Action, Actions))
+	}
+	switch s.Share {
+	case ShareEqual:
+	case ShareDemand:
+		if s.Scope != ScopeNodes && s.Scope != ScopeService {
+			el.add(field(path, "share"), "demand needs scope nodes or service (scope is %q): the nodes report their demands and read the allocation through the cluster", s.Scope)
+		}
+		if s.Key != KeyNone {
+			el.add(field(path, "share"), "demand needs key none (key is %q): a keyed limit gives each key the whole rate, and its demand is not one bucket's", s.Key)
+		}
+	default:
+		el.add(field(path, "share"), "%s", notOneOf(s.Share, Shares))
 	}
 	switch s.Attach {
 	case AttachUplink:

@@ -221,6 +221,18 @@ func TestValidateRules(t *testing.T) {
 			limit(c, 0).Horizon = &metav1.Duration{Duration: time.Second}
 		}, "limits[0].horizon", []string{`only with action pace (action is "drop")`}},
 
+		// Share.
+		{"share unknown", func(c *Config) { limit(c, 0).Share = "fair" },
+			"limits[0].share", []string{`"fair" is not one of equal, demand`}},
+		{"share demand with scope static", func(c *Config) { limit(c, 0).Share = ShareDemand },
+			"limits[0].share", []string{"demand needs scope nodes or service", `"static"`}},
+		{"demand interval too short", func(c *Config) { c.DemandShares.Interval = &metav1.Duration{Duration: time.Millisecond} },
+			"demandShares.interval", []string{"1ms is not in 1s..10m0s"}},
+		{"demand stale age below 3 intervals", func(c *Config) { c.DemandShares.StaleAfter = &metav1.Duration{Duration: 30 * time.Second} },
+			"demandShares.staleAfter", []string{"30s is not in 45s..1h0m0s", "at least 3 intervals (interval is 15s)"}},
+		{"demand floor above 2%", func(c *Config) { c.DemandShares.FloorPerMille = ptr(uint32(21)) },
+			"demandShares.floorPerMille", []string{"21 is not in 0..20"}},
+
 		// Attach.
 		{"attach unknown", func(c *Config) { limit(c, 0).Attach = "pod" },
 			"limits[0].attach", []string{`"pod" is not one of endpoints, uplink`}},
@@ -361,6 +373,20 @@ func TestValidateStandalone(t *testing.T) {
 		err := s.ValidateStandalone("spec")
 		if err == nil || !strings.Contains(err.Error(), "spec.scope: ") || !strings.Contains(err.Error(), "needs the Kubernetes watcher") {
 			t.Errorf("ValidateStandalone(scope %s) = %v, want spec.scope: ... needs the Kubernetes watcher", s.Scope, err)
+		}
+	}
+	// share demand: with scope nodes or service and key none.
+	for _, s := range []RateLimitSpec{
+		{Rate: 10, Scope: ScopeNodes, Share: ShareDemand},
+		{Rate: 10, Scope: ScopeService, Share: ShareDemand, Match: Match{Service: "default/web"}},
+	} {
+		s.Default()
+		if err := s.Validate("spec"); err != nil {
+			t.Errorf("Validate(share demand, scope %s): %v", s.Scope, err)
+		}
+		s.Key = KeySrcIP
+		if err := s.Validate("spec"); err == nil || !strings.Contains(err.Error(), `spec.share: demand needs key none (key is "src-ip")`) {
+			t.Errorf("Validate(share demand, key src-ip) = %v, want spec.share: demand needs key none", err)
 		}
 	}
 	// Without a path the fields are named from the spec.

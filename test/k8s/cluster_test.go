@@ -231,6 +231,13 @@ type cluster struct {
 // and waits until every agent has attached. Cleanup stops them all.
 func startCluster(t testing.TB, env *k8stest.Env, ns string, n int) *cluster {
 	t.Helper()
+	return startClusterWith(t, env, ns, n, "")
+}
+
+// startClusterWith is startCluster with more lines in every agent's config
+// file.
+func startClusterWith(t testing.TB, env *k8stest.Env, ns string, n int, extra string) *cluster {
+	t.Helper()
 	c := &cluster{t: t, env: env, ns: ns, slices: make(map[string]*discoveryv1.EndpointSlice)}
 	apiAddr := apiServerAddr(t, env)
 	dir := t.TempDir()
@@ -248,7 +255,7 @@ func startCluster(t testing.TB, env *k8stest.Env, ns string, n int) *cluster {
 		}
 		nd.pins = agenttest.PinDir(t, rlagentBin, filepath.Join(nodeDir, "bpf"))
 		config := filepath.Join(nodeDir, "rlagent.yaml")
-		yml := fmt.Sprintf("interfaces: [%s]\npinDir: %s\nmetricsAddress: \"off\"\n", nd.pair.IfB, nd.pins.Dir)
+		yml := fmt.Sprintf("interfaces: [%s]\npinDir: %s\nmetricsAddress: \"off\"\n%s", nd.pair.IfB, nd.pins.Dir, extra)
 		if err := os.WriteFile(config, []byte(yml), 0o644); err != nil {
 			t.Fatal(err)
 		}

@@ -24,9 +24,11 @@ import (
 // TestDeployDryRun: deploy/ applies to a real API server. The CRD and the
 // namespace are created for real (the rest needs them); everything else the
 // kustomization lists, and every example, applies as a server-side dry run
-// (DryRun: All): the API server validates and admits each object, RBAC and
-// the DaemonSet's pod template included, and stores none. The CRD gives
-// `kubectl get ratelimits` the rate, scope and observed replicas as columns.
+// (DryRun: All): the API server validates and admits each object, RBAC, the
+// DaemonSet's pod template and the admission policy's CEL expressions
+// (compiled on create) included, and stores none. What the policy admits is
+// TestDemandLeasePolicy's. The CRD gives `kubectl get ratelimits` the rate,
+// scope and observed replicas as columns.
 func TestDeployDryRun(t *testing.T) {
 	env := k8stest.Shared(t)
 	ctx := t.Context()
@@ -83,7 +85,8 @@ func TestDeployDryRun(t *testing.T) {
 		}
 	}
 	t.Logf("server-side dry run accepted %d objects: %s", len(applied), strings.Join(applied, ", "))
-	for _, kind := range []string{"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ConfigMap", "DaemonSet", "RateLimit"} {
+	for _, kind := range []string{"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
+		"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "ConfigMap", "DaemonSet", "RateLimit"} {
 		if !slices.ContainsFunc(applied, func(s string) bool { return strings.HasPrefix(s, kind+"/") }) {
 			t.Errorf("deploy/ has no %s", kind)
 		}

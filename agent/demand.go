@@ -1,0 +1,213 @@
+package agent
+
+import (
+	"context"
+	"time"
+
+	"github.com/rlagent/rlagent/api/v1alpha1"
+	"github.com/rlagent/rlagent/demand"
+	"github.com/rlagent/rlagent/maps"
+	"github.com/rlagent/rlagent/watcher"
+)
+
+// Demand shares (share: demand), this node's part: measure the limit's
+// demand from the counters the data path keeps, report it (the demand
+// Lease, demandLoop), and enforce the share the allocation in the
+// RateLimit's status gives it (demand.Node). The allocation itself is the
+// elected status writer's (watcher.StatusWriter).
+
+// demandState is one demand-shared limit's state on this node.
+type demandState struct {
+	meter demand.Meter
+	node  demand.Node
+	// unsettled is since when the meter has not settled (zero: settled):
+	// a moving demand is reported once it settles, or an interval later.
+	unsettled time.Time
+	equal     uint64 // the equal share at the last step: the report's threshold
+}
+
+// demandParams are the configured parameters, defaulted. Callers hold a.mu.
+func (a *Agent) demandParams() v1alpha1.DemandShares {
+	p := a.cfg.DemandShares
+	p.Default()
+	return p
+}
+
+// stepDemand steps the share of every demand-shared limit this node
+// enforces (demand.Node.Share: a new round, a stale allocation), and
+// forgets the state of the limits no longer demand-shared. It reports
+// whether a share changed. Callers hold a.mu.
+func (a *Agent) stepDemand(now time.Time) bool {
+	if a.k8s == nil {
+		return false
+	}
+	p := a.demandParams()
+	changed := false
+	seen := make(map[string]bool)
+	for _, l := range a.limits() {
+		if l.Share != v1alpha1.ShareDemand {
+			continue
+		}
+		seen[l.Name] = true
+		obs := a.observe(&l)
+		equal := divide(l.Rate, l.EffectiveBurst(), l.Scope == v1alpha1.ScopeService, obs).Rate
+		alloc := a.k8s.Allocation(l.Name)
+		st := a.demand[l.Name]
+		if st == nil {
+			st = &demandState{}
+			st.node = demand.Node{Interval: p.Interval.Duration / 2, StaleAfter: p.StaleAfter.Duration}
+			if id, ok := a.ids[l.Name]; ok && a.applied[id].Rate > 0 {
+				// A restarted agent: the share the data path holds.
+				st.node.Start(a.applied[id].Rate, now)
+			} else if !alloc.Time.IsZero() && now.Sub(alloc.Time) <= p.StaleAfter.Duration {
+				// A node joining an allocation: its floor, until a
+				// round counts it.
+				st.node.Start(alloc.Level.Floor, now)
+			} // else: the equal share, until the first round
+			a.demand[l.Name] = st
+		}
+		// The rounds' interval, and a report's lag, are half the report
+		// interval (as the allocator's: watcher.StatusWriter).
+		st.node.Interval, st.node.StaleAfter = p.Interval.Duration/2, p.StaleAfter.Duration
+		st.equal = equal
+		before := st.node.Now()
+		if st.node.Share(alloc, equal, now) != before {
+			changed = true
+		}
+	}
+	for name := range a.demand {
+		if !seen[name] {
+			delete(a.demand, name)
+			changed = true
+		}
+	}
+	return changed
+}
+
+// demandShare is a demand-shared limit's share at this node, in place of
+// the equal one: its rate, and the burst scaled with it (at least 1).
+func (a *Agent) demandShare(l *v1alpha1.Limit, s Share) Share {
+	st := a.demand[l.Name]
+	if l.Share != v1alpha1.ShareDemand || st == nil {
+		return s
+	}
+	rate := st.node.Now()
+	burst := uint64(1)
+	if l.Rate > 0 {
+		// rate x burst / global rate, without overflow: burst is at most
+		// 3600 s of the rate, and rate at most MaxNodeRate.
+		burst = max(uint64(float64(l.EffectiveBurst())*float64(rate)/float64(l.Rate)), 1)
+	}
+	s.Rate, s.Burst, s.Warning = max(rate, 1), burst, ""
+	return s
+}
+
+// observeDemand feeds a limit's counters (what was offered to it, in its
+// unit) to its meter. Callers hold a.mu.
+func (a *Agent) observeDemand(name string, st maps.Stats, now time.Time) {
+	d := a.demand[name]
+	if d == nil {
+		return
+	}
+	offered := st.AdmittedPackets + st.DroppedPackets + st.ShadowPackets
+	if l := a.limitNamed(name); l != nil && l.Unit == v1alpha1.UnitBytes {
+		offered = st.AdmittedBytes + st.DroppedBytes + st.ShadowBytes
+	}
+	p := a.demandParams()
+	d.meter.Tau = min(max(p.Interval.Duration/8, 500*time.Millisecond), 5*time.Second)
+	d.meter.Observe(offered, now)
+	switch {
+	case d.meter.Settled(demandMoved):
+		d.unsettled = time.Time{}
+	case d.unsettled.IsZero():
+		d.unsettled = now
+	}
+}
+
+// demandMoved is the fraction a demand must move by to be reported again.
+const demandMoved = 0.1
+
+// limitNamed is the limit of this name, or nil. Callers hold a.mu.
+func (a *Agent) limitNamed(name string) *v1alpha1.Limit {
+	for _, l := range a.limits() {
+		if l.Name == name {
+			return &l
+		}
+	}
+	return nil
+}
+
+// demandLoop reports this node's demands (the demand Lease) while the
+// agent runs in a cluster, apart from the reconcile loop: an API server
+// that does not answer must not hold up enforcement.
+func (a *Agent) demandLoop(ctx context.Context) {
+	a.mu.Lock()
+	p := a.demandParams()
+	a.mu.Unlock()
+	pub := a.k8s.DemandPublisher(watcher.DemandConfig{Interval: p.Interval.Duration, Moved: demandMoved})
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	var failing bool
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		now := time.Now()
+		a.mu.Lock()
+		p := a.demandParams()
+		pub.Configure(p.Interval.Duration, 10*p.Interval.Duration)
+		published := pub.Published()
+		var ds []watcher.Demand
+		for name, st := range a.demand {
+			if id, ok := a.ids[name]; !ok || a.applied[id].Rate == 0 {
+				continue // not enforced here: nothing to measure
+			}
+			rate, warm := st.meter.Demand()
+			if !warm {
+				continue
+			}
+			if old, ok := published[name]; ok && !st.unsettled.IsZero() && now.Sub(st.unsettled) < p.Interval.Duration {
+				// On its way to a new level: what was reported stands
+				// until it settles, or for an interval.
+				rate = float64(old)
+			}
+			ds = append(ds, watcher.Demand{Limit: name, Rate: rate, Threshold: max(1, float64(st.equal)/100)})
+		}
+		a.mu.Unlock()
+		if len(ds) == 0 && published == nil {
+			continue
+		}
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		w, err := pub.Publish(wctx, ds)
+		cancel()
+		if w == nil {
+			continue
+		}
+		if err != nil && !failing {
+			a.log.Warn("demand report not written; the allocation counts the last one until it expires", "error", err)
+		} else if err == nil && failing {
+			a.log.Info("demand report written again")
+		}
+		failing = err != nil
+		a.mu.Lock()
+		for name, d := range w.Demands {
+			st := a.demand[name]
+			if st == nil {
+				continue
+			}
+			if err != nil {
+				// It may have reached the API server all the same: no
+				// more than either counts.
+				if r, ok := st.node.LastReport(); ok {
+					d = min(d, r.Demand)
+				} else {
+					d = 0
+				}
+			}
+			st.node.Reported(d, w.At)
+		}
+		a.mu.Unlock()
+	}
+}
