@@ -62,6 +62,7 @@ func newLimitsSetCmd(config *string, kube *kubeFlags) *cobra.Command {
 		dryRun   bool
 		attachTo string
 		horizon  time.Duration
+		share    string
 	)
 	cmd := &cobra.Command{
 		Use:   "set NAME",
@@ -82,6 +83,7 @@ rate / replicas.`,
 			spec.Unit = v1alpha1.Unit(unit)
 			spec.Key = v1alpha1.Key(key)
 			spec.Action = v1alpha1.Action(action)
+			spec.Share = v1alpha1.Share(share)
 			spec.Scope = v1alpha1.Scope(scope)
 			spec.Match.Direction = v1alpha1.Direction(dir)
 			spec.Attach = v1alpha1.Attach(attachTo)
@@ -136,6 +138,7 @@ rate / replicas.`,
 	f.StringVar(&action, "action", "drop", "over the limit: drop, shadow (count and pass), pace (delay until the tokens accrue; --direction egress at the uplinks only, and the uplinks need the fq qdisc: see the config's manageQdisc)")
 	f.DurationVar(&horizon, "horizon", 0, "with --action pace: the longest a packet may wait, 1ms..4s; beyond it the packet is dropped (default 100ms)")
 	f.StringVar(&scope, "scope", "", "how the rate is divided: static (by the config's count; the default in a file); in a cluster also nodes (by the ready agents), service (by the Service's ready endpoints, --service)")
+	f.StringVar(&share, "share", "equal", "in a cluster, how the rate is divided among the nodes: equal (by the count), demand (by what each node asks for; --scope nodes or service, --key none; see docs/kubernetes.md)")
 	f.StringVar(&spec.Match.Service, "service", "", "with --scope service: the Service, namespace/name")
 	f.StringVar(&dir, "direction", "ingress", "match: ingress, egress")
 	f.StringVar(&proto, "protocol", "any", "match: any, tcp, udp, icmp")

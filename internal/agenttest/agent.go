@@ -2,8 +2,10 @@ package agenttest
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -50,11 +52,33 @@ func (a *Agent) WaitAttached(timeout time.Duration) {
 	timeout = testenv.Timeout(timeout)
 	deadline := time.Now().Add(timeout)
 	if !a.WaitLog(timeout, attachedLines...) {
-		a.tb.Fatalf("rlagent run (pid %d) did not attach within %v; output:\n%s", a.PID(), timeout, a.Log())
+		a.tb.Fatalf("rlagent run (pid %d) did not attach within %v; output and goroutines:\n%s", a.PID(), timeout, a.dump())
 	}
 	if !a.WaitLog(time.Until(deadline), "msg=ready") {
 		a.tb.Fatalf("rlagent run (pid %d) attached but was not ready within %v; output:\n%s", a.PID(), timeout, a.Log())
 	}
+}
+
+// dump says where a hung agent waits: its threads' kernel stacks, then its
+// output after a SIGQUIT, which makes a Go program print its goroutines and
+// exit.
+func (a *Agent) dump() string {
+	if !a.Running() {
+		return a.Log()
+	}
+	var b strings.Builder
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*", a.PID()))
+	for _, task := range tasks {
+		stat, _ := os.ReadFile(filepath.Join(task, "stat"))
+		stack, _ := os.ReadFile(filepath.Join(task, "stack"))
+		fmt.Fprintf(&b, "thread %s: %s\n%s", filepath.Base(task), bytes.TrimSpace(stat), stack)
+	}
+	a.cmd.Process.Signal(syscall.SIGQUIT)
+	select {
+	case <-a.exited:
+	case <-time.After(5 * time.Second):
+	}
+	return b.String() + a.Log()
 }
 
 // PID is the agent's process ID.

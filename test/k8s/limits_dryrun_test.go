@@ -17,8 +17,9 @@ import (
 // TestLimitsDryRunInCluster: `rlagent limits set|delete --dry-run
 // --kubeconfig` are the API server's dry run. set prints the RateLimit as the
 // server would store it (its defaults filled in) and stores nothing, for a
-// new limit and for a change of an existing one; an invalid one fails with
-// the server's message; delete leaves the object in place.
+// new limit and for a change of an existing one, --share included; an
+// invalid one fails with the message that names the field; delete leaves
+// the object in place.
 func TestLimitsDryRunInCluster(t *testing.T) {
 	env := k8stest.Shared(t)
 	installCRD(t, env)
@@ -44,6 +45,14 @@ func TestLimitsDryRunInCluster(t *testing.T) {
 
 	if out, stderr, err := run("limits", "set", "dry-new", "--rate", "0", "--scope", "nodes", "--dry-run"); err == nil || !strings.Contains(stderr, "spec.rate") {
 		t.Errorf("set --dry-run of an invalid limit: %v\nstdout:\n%s\nstderr: %s", err, out, stderr)
+	}
+
+	out, stderr, err = run("limits", "set", "dry-new", "--rate", "100", "--scope", "nodes", "--share", "demand", "--dry-run")
+	if err != nil || !strings.Contains(out, "share: demand") {
+		t.Errorf("set --share demand --dry-run: %v\nstdout:\n%s\nstderr: %s", err, out, stderr)
+	}
+	if out, stderr, err := run("limits", "set", "dry-new", "--rate", "100", "--scope", "nodes", "--share", "demand", "--key", "src-ip", "--dry-run"); err == nil || !strings.Contains(stderr, "spec.share") || !strings.Contains(stderr, "key none") {
+		t.Errorf("set --share demand --key src-ip --dry-run: %v\nstdout:\n%s\nstderr: %s", err, out, stderr)
 	}
 
 	old := createRateLimit(t, env, &unstructured.Unstructured{Object: map[string]any{
