@@ -59,7 +59,7 @@ func (a *Agent) stepDemand(now time.Time) bool {
 			if id, ok := a.ids[l.Name]; ok && a.applied[id].Rate > 0 {
 				// A restarted agent: the share the data path holds.
 				st.node.Start(a.applied[id].Rate, now)
-			} else if !alloc.Time.IsZero() && now.Sub(alloc.Time) <= p.StaleAfter.Duration {
+			} else if st.node.Fresh(alloc, now) {
 				// A node joining an allocation: its floor, until a
 				// round counts it.
 				st.node.Start(alloc.Level.Floor, now)

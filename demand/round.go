@@ -99,7 +99,9 @@ type Node struct {
 	// reach the allocator (Counted's lag), and while the allocation is
 	// stale, the fall back to the equal share steps once an interval.
 	Interval time.Duration
-	// StaleAfter is the age past which a round no longer counts.
+	// StaleAfter is the allocation's age at which every node is back on
+	// its equal share; a round stops counting one Interval earlier
+	// (Fresh).
 	StaleAfter time.Duration
 
 	applied Applied
@@ -138,22 +140,22 @@ func (n *Node) LastReport() (Report, bool) {
 // Allocation: none yet) and the equal share (rate / count, as without
 // demand shares). A new round steps to the share of the report it counted
 // (Counted), or to its floor if it counted none (the floor being all a node
-// outside the allocation may take). A stale round steps to the equal share
-// once an Interval, and at once when the equal share falls below what is
-// enforced (the count grew); so does no round at all, once StaleAfter has
-// passed since Start (before, the node waits for the round the others
-// have). In all, a decrease applies at once and an increase one step
-// later.
+// outside the allocation may take). A round that is no longer Fresh steps
+// to the equal share once an Interval, and at once when the equal share
+// falls below what is enforced (the count grew); so does no round at all,
+// once StaleAfter less an Interval has passed since Start (before, the
+// node waits for the round the others have). In all, a decrease applies at
+// once and an increase one step later: at StaleAfter.
 //
 // The zero Node starts at the equal share on its first call.
 func (n *Node) Share(a Allocation, equal uint64, now time.Time) uint64 {
 	if n.started.IsZero() {
 		n.Start(equal, now)
 	}
-	if a.Time.IsZero() && now.Sub(n.started) <= n.StaleAfter {
+	if a.Time.IsZero() && now.Sub(n.started) <= n.staleAge() {
 		return n.applied.Now()
 	}
-	fresh := !a.Time.IsZero() && now.Sub(a.Time) <= n.StaleAfter
+	fresh := n.Fresh(a, now)
 	switch {
 	case fresh && a.Round != n.round:
 		n.round, n.stale = a.Round, time.Time{}
@@ -162,11 +164,32 @@ func (n *Node) Share(a Allocation, equal uint64, now time.Time) uint64 {
 			share = a.Level.Share(r.Demand)
 		}
 		n.applied.Step(share)
-	case !fresh && (n.stale.IsZero() || now.Sub(n.stale) >= n.Interval || equal < n.applied.Now()):
+	case !fresh && (n.stale.IsZero() || now.Sub(n.stale) >= n.Interval || equal < n.applied.Now() || n.reaches(a, now)):
 		n.stale = now
 		n.applied.Step(equal)
 	}
 	return n.applied.Now()
+}
+
+// Fresh says whether a still counts at now. A round stops counting one
+// Interval before StaleAfter: the fall back to the equal share takes two
+// steps an Interval apart (the decreases, then the increases), and every
+// node is on its equal share once the allocation is StaleAfter old.
+func (n *Node) Fresh(a Allocation, now time.Time) bool {
+	return !a.Time.IsZero() && now.Sub(a.Time) <= n.staleAge()
+}
+
+func (n *Node) staleAge() time.Duration { return max(n.StaleAfter-n.Interval, 0) }
+
+// reaches says whether the allocation a (no round: the node's start)
+// reached StaleAfter since the last stale step: the step that releases the
+// increases is due then, not an Interval after a step that came late.
+func (n *Node) reaches(a Allocation, now time.Time) bool {
+	since := a.Time
+	if since.IsZero() {
+		since = n.started
+	}
+	return n.stale.Sub(since) <= n.StaleAfter && now.Sub(since) > n.StaleAfter
 }
 
 // Now is what is enforced, as the last Share returned it.

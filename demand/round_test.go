@@ -116,9 +116,9 @@ func TestNodeShare(t *testing.T) {
 	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
 	n.Start(60, at(0)) // joins at the floor
 	// Before any round, it waits for the round the others have (for up
-	// to StaleAfter), rather than fall back to the equal share: its
-	// increase would land on top of their allocation.
-	for _, s := range []int{1, 12, 40} {
+	// to StaleAfter less an interval), rather than fall back to the equal
+	// share: its increase would land on top of their allocation.
+	for _, s := range []int{1, 12, 30} {
 		if got := n.Share(Allocation{}, 5000, at(s)); got != 60 {
 			t.Fatalf("before any round, at %d s: %d, want the start", s, got)
 		}
@@ -145,12 +145,12 @@ func TestNodeShare(t *testing.T) {
 		{round(4, 4000, 16), 5000, 21, 6000},  // the same round number: no step
 		{round(44, 4000, 21), 5000, 21, 4000}, // a decrease: at once
 		{round(5, 6500, 31), 5000, 31, 4000},  // an increase: deferred
-		{round(5, 6500, 31), 5000, 71, 4000},  // 40 s old: still fresh
-		{round(5, 6500, 31), 5000, 72, 5000},  // stale: the equal share, below round 5's, at once
-		{round(5, 6500, 31), 2500, 83, 2500},  // the count doubled: the equal share falls at once
-		{round(5, 6500, 31), 5000, 86, 2500},  // and back: within the interval
-		{round(5, 6500, 31), 5000, 93, 2500},  // an interval later: an increase, deferred
-		{round(5, 6500, 31), 5000, 103, 5000},
+		{round(5, 6500, 31), 5000, 61, 4000},  // 30 s old: still fresh
+		{round(5, 6500, 31), 5000, 62, 5000},  // an interval before stale: the equal share, below round 5's, at once
+		{round(5, 6500, 31), 2500, 66, 2500},  // the count doubled: the equal share falls at once
+		{round(5, 6500, 31), 5000, 69, 2500},  // and back: within the interval
+		{round(5, 6500, 31), 5000, 76, 2500},  // an interval later: an increase, deferred
+		{round(5, 6500, 31), 5000, 86, 5000},  // 55 s old: equal, since staleAfter (71 s) at the latest
 		{round(6, 6500, 110), 5000, 110, 5000}, // the allocator is back: an increase, deferred
 		{round(7, 6500, 120), 5000, 120, 6500},
 	} {
@@ -286,6 +286,9 @@ func TestNodesSumThroughTransitions(t *testing.T) {
 				stale++
 				if share == equal {
 					fellBack++
+				} else if !a.Time.IsZero() {
+					t.Fatalf("at %d s: a node's round is %v old, past staleAfter %v, and its share %d is not the equal share %d",
+						s, at(s).Sub(a.Time), staleAfter, share, equal)
 				}
 			}
 			if _, ok := Counted(a.Time, interval, n.made...); a.Time.IsZero() || !ok {
@@ -307,7 +310,8 @@ func TestNodesSumThroughTransitions(t *testing.T) {
 
 // TestNodeShareWithoutAllocator: with no round at all (no allocator has
 // ever written one), a node that started at the floor is at the equal
-// share one Interval after StaleAfter has passed.
+// share once StaleAfter has passed, the step an Interval earlier keeping
+// the floor (an increase waits a step).
 func TestNodeShareWithoutAllocator(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	n := Node{Interval: 10 * time.Second, StaleAfter: 45 * time.Second}
@@ -315,9 +319,43 @@ func TestNodeShareWithoutAllocator(t *testing.T) {
 	for _, tc := range []struct {
 		s    int
 		want uint64
-	}{{0, 50}, {45, 50}, {46, 50}, {55, 50}, {56, 5000}, {100, 5000}} {
+	}{{0, 50}, {35, 50}, {36, 50}, {45, 50}, {46, 5000}, {100, 5000}} {
 		if got := n.Share(Allocation{}, 5000, t0.Add(time.Duration(tc.s)*time.Second)); got != tc.want {
 			t.Errorf("at %d s: %d, want %d", tc.s, got, tc.want)
 		}
 	}
+}
+
+// TestNodeShareStaleByStaleAfter: with an interval that is not a multiple
+// of the agent's 1 s tick, the fall back still ends by StaleAfter (to the
+// tick): a node above its equal share steps down once the round is older
+// than StaleAfter less the interval, and a node below it steps up at the
+// first tick past StaleAfter, not an interval after a late first step.
+func TestNodeShareStaleByStaleAfter(t *testing.T) {
+	const interval, staleAfter = 2500 * time.Millisecond, 15 * time.Second
+	t0 := time.Unix(1000, 0)
+	a := Allocation{Round: 7, Level: Level{Water: 3900, Floor: 20}, Time: t0}
+	busy := Node{Interval: interval, StaleAfter: staleAfter}
+	idle := Node{Interval: interval, StaleAfter: staleAfter}
+	busy.Reported(5000, t0.Add(-10*time.Second))
+	idle.Reported(0, t0.Add(-10*time.Second))
+	busy.Start(3900, t0.Add(-20*time.Second))
+	idle.Start(20, t0.Add(-20*time.Second))
+	const equal = 2000
+	var down, up time.Duration
+	for tick := t0.Add(300 * time.Millisecond); tick.Before(t0.Add(30 * time.Second)); tick = tick.Add(time.Second) {
+		if got := busy.Share(a, equal, tick); got == equal && down == 0 {
+			down = tick.Sub(t0)
+		}
+		if got := idle.Share(a, equal, tick); got == equal && up == 0 {
+			up = tick.Sub(t0)
+		}
+	}
+	if down <= staleAfter-interval || down > staleAfter-interval+time.Second {
+		t.Errorf("the busy node stepped down %v after the round, want within a tick of %v", down, staleAfter-interval)
+	}
+	if up <= staleAfter || up > staleAfter+time.Second {
+		t.Errorf("the idle node stepped up %v after the round, want within a tick of %v", up, staleAfter)
+	}
+	t.Logf("down %v, up %v after the round (staleAfter %v, interval %v)", down, up, staleAfter, interval)
 }

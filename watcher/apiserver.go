@@ -17,8 +17,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 )
@@ -90,18 +88,8 @@ func NewAPIServer(cfg APIServerConfig) (*APIServer, error) {
 	}
 	s := &APIServer{cfg: cfg, log: cfg.Log}
 	if cfg.Client != nil {
-		eps := cfg.Client.DiscoveryV1().EndpointSlices(apiServerNamespace)
-		sel := discoveryv1.LabelServiceName + "=" + apiServerService
-		lw := &cache.ListWatch{
-			ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-				o.LabelSelector = sel
-				return eps.List(ctx, o)
-			},
-			WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-				o.LabelSelector = sel
-				return eps.Watch(ctx, o)
-			},
-		}
+		lw := cache.NewFilteredListWatchFromClient(cfg.Client.DiscoveryV1().RESTClient(), "endpointslices", apiServerNamespace,
+			func(o *metav1.ListOptions) { o.LabelSelector = discoveryv1.LabelServiceName + "=" + apiServerService })
 		s.inf = cache.NewSharedIndexInformer(lw, &discoveryv1.EndpointSlice{}, 0, cache.Indexers{})
 		s.inf.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
 			s.log.Warn("watch of the API server's endpoints failed; the last ones stand", "error", err)

@@ -21,7 +21,6 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/cache"
@@ -355,18 +354,11 @@ func (w *StatusWriter) elect(ctx context.Context) {
 func (w *StatusWriter) lead(ctx context.Context) {
 	w.log.Info("writing RateLimit status (this agent holds the Lease)", "lease", w.cfg.Namespace+"/"+w.cfg.LeaseName)
 	queue := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]())
-	evs := w.k.cfg.Client.CoreV1().Events(metav1.NamespaceDefault)
 	sel := fields.Set{"involvedObject.kind": "RateLimit", "source": "rlagent"}.AsSelector().String()
-	events := cache.NewSharedIndexInformer(&cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			o.FieldSelector = sel
-			return evs.List(ctx, o)
-		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			o.FieldSelector = sel
-			return evs.Watch(ctx, o)
-		},
-	}, &corev1.Event{}, 5*time.Minute, cache.Indexers{byLimit: func(obj any) ([]string, error) {
+	events := cache.NewSharedIndexInformer(cache.NewFilteredListWatchFromClient(
+		w.k.cfg.Client.CoreV1().RESTClient(), "events", metav1.NamespaceDefault,
+		func(o *metav1.ListOptions) { o.FieldSelector = sel },
+	), &corev1.Event{}, 5*time.Minute, cache.Indexers{byLimit: func(obj any) ([]string, error) {
 		if e, ok := obj.(*corev1.Event); ok {
 			return []string{e.InvolvedObject.Name}, nil
 		}
@@ -379,18 +371,10 @@ func (w *StatusWriter) lead(ctx context.Context) {
 	}))
 	// The demand Leases, watched only by the agent that allocates: a
 	// report changes the allocation of the limits with share demand.
-	ls := w.k.cfg.Client.CoordinationV1().Leases(w.cfg.Namespace)
-	demandSel := labelDemand + "=node"
-	leases := cache.NewSharedIndexInformer(&cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			o.LabelSelector = demandSel
-			return ls.List(ctx, o)
-		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			o.LabelSelector = demandSel
-			return ls.Watch(ctx, o)
-		},
-	}, &coordinationv1.Lease{}, 0, cache.Indexers{})
+	leases := cache.NewSharedIndexInformer(cache.NewFilteredListWatchFromClient(
+		w.k.cfg.Client.CoordinationV1().RESTClient(), "leases", w.cfg.Namespace,
+		func(o *metav1.ListOptions) { o.LabelSelector = labelDemand + "=node" },
+	), &coordinationv1.Lease{}, 0, cache.Indexers{})
 	leases.AddEventHandler(handler(func(any) {
 		limits, _ := w.k.Limits()
 		for _, l := range limits {

@@ -40,6 +40,13 @@ func StartAgent(tb testing.TB, ns *nettest.NS, bin string, args ...string) *Agen
 	return startCmd(tb, cmd, func() error { return ns.Start(cmd) }, args)
 }
 
+// AttachTimeout is how long a test waits for an agent to attach. An agent
+// attaches in well under a second on a warm machine, but its first BPF
+// loads can stall for seconds on a freshly booted CI machine: one verifier
+// run took more than 10 s there, and returned at once when a signal made
+// it start over.
+const AttachTimeout = 30 * time.Second
+
 // WaitAttached waits until the agent logs that it attached (or adopted) the
 // data path and then that it is ready (its first reconcile wrote the
 // limits: the hooks are attached before the limits reach them), and fails

@@ -144,7 +144,7 @@ func (e *env) halfShare(config string, ipv6 bool) (*agenttest.Agent, *nettest.Se
 func (e *env) startAgent() *agenttest.Agent {
 	e.t.Helper()
 	a := agenttest.StartAgent(e.t, e.pair.B, rlagentBin, "--config", e.config, "--log-level", "debug")
-	a.WaitAttached(10 * time.Second)
+	a.WaitAttached(agenttest.AttachTimeout)
 	return a
 }
 

@@ -499,7 +499,7 @@ func TestIPNetnsExecPins(t *testing.T) {
 
 	t.Run("ephemeral", func(t *testing.T) {
 		a, via := agenttest.StartAgentIPNetnsExec(t, e.pair.B, rlagentBin, "--config", sysConfig, "--ephemeral-pins")
-		a.WaitAttached(10 * time.Second)
+		a.WaitAttached(agenttest.AttachTimeout)
 		t.Logf("via %s: the agent runs with --ephemeral-pins", via)
 		s := e.startSender(2*share, false)
 		time.Sleep(settle)
@@ -533,7 +533,7 @@ func TestIPNetnsExecPins(t *testing.T) {
 		}
 		e.writeConfig(e.configYAML(globalRate, "")) // pinDir: the test's bpffs, on a temporary directory
 		a, via := agenttest.StartAgentIPNetnsExec(t, e.pair.B, rlagentBin, "--config", e.config)
-		a.WaitAttached(10 * time.Second)
+		a.WaitAttached(agenttest.AttachTimeout)
 		t.Logf("via %s: the agent runs with its pins on %s", via, e.pinDir)
 		s := e.startSender(2*share, false)
 		time.Sleep(settle + 500*time.Millisecond) // the burst spent before the bins below

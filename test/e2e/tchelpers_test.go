@@ -96,7 +96,7 @@ func (r *rig) launch(settings, limits string) *agenttest.Agent {
 func (r *rig) start(settings, limits string) *agenttest.Agent {
 	r.t.Helper()
 	a := r.launch(settings, limits)
-	timeout := testenv.Timeout(10 * time.Second)
+	timeout := testenv.Timeout(agenttest.AttachTimeout)
 	if !a.WaitLog(timeout, "msg=ready") {
 		r.t.Fatalf("rlagent run (pid %d) was not ready within %v; output:\n%s", a.PID(), timeout, a.Log())
 	}

@@ -277,7 +277,7 @@ func startClusterWith(t testing.TB, env *k8stest.Env, ns string, n int, extra st
 		c.nodes = append(c.nodes, nd)
 	}
 	for _, nd := range c.nodes {
-		nd.agent.WaitAttached(30 * time.Second)
+		nd.agent.WaitAttached(agenttest.AttachTimeout)
 	}
 	return c
 }
