@@ -142,15 +142,15 @@ func TestNodeShare(t *testing.T) {
 		{round(3, 6000, 12), 5000, 12, 60}, // the first round that counts it: an increase, deferred
 		{round(3, 6000, 12), 5000, 15, 60}, // the same round again: no step
 		{round(4, 6000, 16), 5000, 16, 6000},
-		{round(4, 4000, 16), 5000, 21, 6000},  // the same round number: no step
-		{round(44, 4000, 21), 5000, 21, 4000}, // a decrease: at once
-		{round(5, 6500, 31), 5000, 31, 4000},  // an increase: deferred
-		{round(5, 6500, 31), 5000, 61, 4000},  // 30 s old: still fresh
-		{round(5, 6500, 31), 5000, 62, 5000},  // an interval before stale: the equal share, below round 5's, at once
-		{round(5, 6500, 31), 2500, 66, 2500},  // the count doubled: the equal share falls at once
-		{round(5, 6500, 31), 5000, 69, 2500},  // and back: within the interval
-		{round(5, 6500, 31), 5000, 76, 2500},  // an interval later: an increase, deferred
-		{round(5, 6500, 31), 5000, 86, 5000},  // 55 s old: equal, since staleAfter (71 s) at the latest
+		{round(4, 4000, 16), 5000, 21, 6000},   // the same round number: no step
+		{round(44, 4000, 21), 5000, 21, 4000},  // a decrease: at once
+		{round(5, 6500, 31), 5000, 31, 4000},   // an increase: deferred
+		{round(5, 6500, 31), 5000, 61, 4000},   // 30 s old: still fresh
+		{round(5, 6500, 31), 5000, 62, 5000},   // an interval before stale: the equal share, below round 5's, at once
+		{round(5, 6500, 31), 2500, 66, 2500},   // the count doubled: the equal share falls at once
+		{round(5, 6500, 31), 5000, 69, 2500},   // and back: within the interval
+		{round(5, 6500, 31), 5000, 76, 2500},   // an interval later: an increase, deferred
+		{round(5, 6500, 31), 5000, 86, 5000},   // 55 s old: equal, since staleAfter (71 s) at the latest
 		{round(6, 6500, 110), 5000, 110, 5000}, // the allocator is back: an increase, deferred
 		{round(7, 6500, 120), 5000, 120, 6500},
 	} {
