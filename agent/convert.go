@@ -45,6 +45,8 @@ func toMapsLimit(in *v1alpha1.RateLimitSpec, share Share) (maps.Limit, error) {
 		l.Action = maps.Shadow
 	case v1alpha1.ActionDrop:
 		l.Action = maps.Drop
+	case v1alpha1.ActionReject:
+		l.Action = maps.Reject
 	case v1alpha1.ActionPace:
 		l.Action = maps.Pace
 		l.Horizon = v1alpha1.DefaultHorizon

@@ -38,6 +38,8 @@ var (
 	descFragFirst       = desc("datapath_fragments_first_total", "First fragments recorded so that their datagram's later fragments are charged to the same limits.")
 	descFragUnseen      = desc("datapath_fragments_unseen_total", "Later fragments whose first fragment was not seen (L4-unknown).")
 	descCacheBypass     = desc("datapath_key_cache_bypass_total", "Keyed checks that drew from the shared pool directly: the packet held both ways of the bucket's cache set.")
+	descRejectReplies   = desc("datapath_reject_replies_total", "Replies sent to packets that limits with action reject dropped, by kind: rst (TCP RST/ACK to a SYN), icmp (ICMP or ICMPv6 port unreachable to a UDP datagram).", "kind")
+	descRejectDropped   = desc("datapath_reject_unanswered_total", "Packets that limits with action reject dropped without a reply, by reason: budget (the node's rejectBudget was spent), unanswerable (not a TCP SYN or UDP datagram, a fragment, IP options or IPv6 extension headers, a broadcast, multicast or non-unicast address, or at an endpoint's interface).", "reason")
 	descPoolFull        = desc("datapath_pool_full_total", "New keys that found no room in the bucket map and were passed unlimited.")
 	descLeaseContended  = desc("datapath_lease_contended_total", "Leases that gave up on a contended bucket (the packet was rejected).")
 	// Health (collected by health, not collector: it reads no map).
@@ -56,7 +58,8 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descAdmittedPackets, descAdmittedBytes, descDroppedPackets, descDroppedBytes,
 		descShadowPackets, descShadowBytes, descPacedPackets, descPacedDelay, descPacedDelayMax, descHorizonDrops, descShare, descShareBurst, descGlobalRate, descReplicas, descAge, descStale,
 		descKeys, descNewKeys, descEvictions, descLimitState, descMatchOverflow, descPoolFull, descLeaseContended,
-		descFailClosed, descL4Unknown, descProtected, descFragFirst, descFragUnseen, descCacheBypass} {
+		descFailClosed, descL4Unknown, descProtected, descFragFirst, descFragUnseen, descCacheBypass,
+		descRejectReplies, descRejectDropped} {
 		ch <- d
 	}
 }
@@ -116,6 +119,10 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(descFragFirst, g.FragFirst)
 	counter(descFragUnseen, g.FragUnseen)
 	counter(descCacheBypass, g.CacheBypass)
+	counter(descRejectReplies, g.RejectRST, "rst")
+	counter(descRejectReplies, g.RejectICMP, "icmp")
+	counter(descRejectDropped, g.RejectBudget, "budget")
+	counter(descRejectDropped, g.RejectUnanswered, "unanswerable")
 }
 
 var (

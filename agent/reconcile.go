@@ -107,6 +107,13 @@ func (a *Agent) reconcile() error {
 	}()
 
 	var errs []error
+	// The node's reply budget, before any limit with action reject can
+	// spend it; a budget that cannot be written stops no limit.
+	if b := a.cfg.RejectBudget; b.Rate != nil && b.Burst != nil {
+		if err := a.dp.SetRejectBudget(maps.RejectBudget{PerSecond: *b.Rate, Burst: *b.Burst}); err != nil {
+			errs = append(errs, fmt.Errorf("rejectBudget: %w", err))
+		}
+	}
 	// What is no longer desired goes first, entry and metadata, whether it
 	// was applied or only reported: it leaves nothing behind, and its room
 	// is free for the limits below.

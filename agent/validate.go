@@ -58,8 +58,28 @@ func ValidateConfig(cfg *v1alpha1.Config) (warnings []string, err error) {
 		if w := gsoBurstWarning(&l.RateLimitSpec); w != "" {
 			warnings = append(warnings, fmt.Sprintf("limits[%d] (%s): %s", i, l.Name, w))
 		}
+		if w := rejectWarning(cfg, &l.RateLimitSpec); w != "" {
+			warnings = append(warnings, fmt.Sprintf("limits[%d] (%s): %s", i, l.Name, w))
+		}
 	}
 	return warnings, errors.Join(errs...)
+}
+
+// rejectWarning says when a limit with action reject can answer nothing:
+// where it runs, or what it matches, gets no replies, only drops.
+func rejectWarning(cfg *v1alpha1.Config, s *v1alpha1.RateLimitSpec) string {
+	if s.Action != v1alpha1.ActionReject {
+		return ""
+	}
+	switch {
+	case s.Attach == v1alpha1.AttachEndpoints:
+		return "action reject at attach endpoints drops unanswered: after DNAT a reply would carry the pod's address, not the one the client knows (attach uplink answers)"
+	case s.Match.Protocol == v1alpha1.ProtocolICMP:
+		return "action reject answers TCP SYNs and UDP datagrams only: on protocol icmp it drops, unanswered"
+	case cfg.RejectBudget.Rate != nil && *cfg.RejectBudget.Rate == 0:
+		return "action reject with rejectBudget.rate 0 answers nothing: it drops"
+	}
+	return ""
 }
 
 // limitMatch is the part of a limit that decides which packets it matches,
@@ -216,7 +236,7 @@ func overlapWarning(cfg *v1alpha1.Config, ms []limitMatch, dir v1alpha1.Directio
 	for i := range ms {
 		if worst.best.has(i) {
 			names = append(names, cfg.Limits[i].Name)
-			drop = drop || cfg.Limits[i].Action == v1alpha1.ActionDrop
+			drop = drop || cfg.Limits[i].Action == v1alpha1.ActionDrop || cfg.Limits[i].Action == v1alpha1.ActionReject
 		}
 	}
 	const maxNames = 32

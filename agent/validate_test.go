@@ -343,3 +343,33 @@ func TestGSOBurstWarning(t *testing.T) {
 		}
 	}
 }
+
+// TestRejectWarning: a limit with action reject that can answer nothing
+// (at the endpoints, on ICMP, with a budget of 0) is warned about; one on
+// the uplink for TCP or UDP is not.
+func TestRejectWarning(t *testing.T) {
+	for _, tt := range []struct {
+		budget, spec string
+		warn         string
+	}{
+		{"", "{rate: 100, action: reject, match: {protocol: tcp}}", ""},
+		{"", "{rate: 100, action: reject, match: {}}", ""},
+		{"", "{rate: 100, action: reject, attach: endpoints, match: {dstCIDRs: [10.0.0.1]}}", "drops unanswered"},
+		{"", "{rate: 100, action: reject, match: {protocol: icmp}}", "on protocol icmp it drops"},
+		{"rejectBudget: {rate: 0}\n", "{rate: 100, action: reject, match: {protocol: udp}}", "rejectBudget.rate 0 answers nothing"},
+		{"rejectBudget: {rate: 0}\n", "{rate: 100, match: {protocol: udp}}", ""},
+	} {
+		c, err := v1alpha1.ParseConfig([]byte("interfaces: [eth0]\n" + tt.budget + "limits:\n- {name: x, " + strings.TrimPrefix(tt.spec, "{") + "\n"))
+		if err != nil {
+			t.Fatalf("%s: %v", tt.spec, err)
+		}
+		w, err := ValidateConfig(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := slices.ContainsFunc(w, func(s string) bool { return strings.Contains(s, "action reject") })
+		if got != (tt.warn != "") || (got && !slices.ContainsFunc(w, func(s string) bool { return strings.Contains(s, tt.warn) })) {
+			t.Errorf("%s%s: warnings %q, want one saying %q", tt.budget, tt.spec, w, tt.warn)
+		}
+	}
+}

@@ -69,6 +69,7 @@
 #include "include/frag.h"
 #include "include/clock.h"
 #include "include/bucket.h"
+#include "include/reject.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
@@ -87,6 +88,7 @@ const enum rl_hook *_rl_hook __attribute__((unused));
 const enum rl_clock_kind *_rl_clock_kind __attribute__((unused));
 const struct rl_global_stats *_rl_global_stats __attribute__((unused));
 const enum rl_meta_state *_rl_meta_state __attribute__((unused));
+const struct rl_reject_budget *_rl_reject_budget __attribute__((unused));
 
 enum {
 	MATCH_ADMIT = 0,	/* has the tokens; draws them if the packet passes */
@@ -95,13 +97,21 @@ enum {
 	MATCH_FAIL_OPEN = 3,	/* no room for a bucket: passes, draws nothing */
 	MATCH_ADMIT_DRAWN = 4,	/* admitted, cost already drawn from the pool (rl_check_direct, rl_check_pace) */
 	MATCH_HORIZON = 5,	/* paced, departure beyond the horizon: the packet is dropped */
+	MATCH_REPLY = 6,	/* empty, action reject: the packet is dropped, and answered if it may be */
 };
 
 /* Whether a decision drops the packet. */
 static __always_inline bool rl_rejects(int state)
 {
-	return state == MATCH_REJECT || state == MATCH_HORIZON;
+	return state == MATCH_REJECT || state == MATCH_HORIZON || state == MATCH_REPLY;
 }
+
+/* A packet's verdict: what rl_decide returns. */
+enum rl_verdict {
+	RL_PASS = 0,
+	RL_DROP = 1,
+	RL_ANSWER = 2,	/* dropped by a limit with action reject: answer it (reject.h) */
+};
 
 #define RL_NO_WAY 0xffff
 
@@ -152,6 +162,10 @@ enum rl_global_field {
 	G_FRAG_FIRST,
 	G_FRAG_UNSEEN,
 	G_CACHE_BYPASS,
+	G_REJECT_RST,
+	G_REJECT_ICMP,
+	G_REJECT_BUDGET,
+	G_REJECT_UNANSWERED,
 };
 
 static __always_inline void rl_global_count(enum rl_global_field f)
@@ -171,6 +185,10 @@ static __always_inline void rl_global_count(enum rl_global_field f)
 	case G_FRAG_FIRST: g->frag_first++; break;
 	case G_FRAG_UNSEEN: g->frag_unseen++; break;
 	case G_CACHE_BYPASS: g->cache_bypass++; break;
+	case G_REJECT_RST: g->reject_rst++; break;
+	case G_REJECT_ICMP: g->reject_icmp++; break;
+	case G_REJECT_BUDGET: g->reject_budget++; break;
+	case G_REJECT_UNANSWERED: g->reject_unanswered++; break;
 	}
 }
 
@@ -201,7 +219,9 @@ static __always_inline __u32 rl_cost(const struct rl_limit *lim, const struct pk
 /* What an empty bucket means for the packet. */
 static __always_inline int rl_over(const struct rl_limit *lim)
 {
-	return lim->action == RL_ACTION_SHADOW ? MATCH_SHADOW : MATCH_REJECT;
+	if (lim->action == RL_ACTION_SHADOW)
+		return MATCH_SHADOW;
+	return lim->action == RL_ACTION_REJECT ? MATCH_REPLY : MATCH_REJECT;
 }
 
 /* Counts a packet's segments and wire bytes under its decision. */
@@ -213,6 +233,7 @@ static __always_inline void rl_count(struct rl_stats *st, int state, const struc
 		st->admitted_bytes += p->len;
 		break;
 	case MATCH_REJECT:
+	case MATCH_REPLY:
 		st->dropped_packets += p->segs;
 		st->dropped_bytes += p->len;
 		break;
@@ -941,8 +962,9 @@ static __always_inline bool rl_walk_rest_has(const struct rl_walk *it, const str
 }
 
 /* The general case: check every candidate without drawing, then commit all
- * or nothing. Returns 1 if the packet may pass, and sets *depart to the
- * departure its paced limits gave it (0: none).
+ * or nothing. Returns the verdict (enum rl_verdict; a limit with action
+ * reject that rejects makes it RL_ANSWER, whatever else rejects), and sets
+ * *depart to the departure its paced limits gave it (0: none).
  *
  * A global function, verified once: inlined at each of its call sites it
  * took the program's verification from 70k to 890k instructions, near the
@@ -952,15 +974,15 @@ __noinline int rl_decide_all(const struct pkt *p, const struct rl_mask *cand, __
 	struct rl_decision *d;
 	struct rl_walk it;
 	struct rl_config *cfg;
-	bool pass = true;
+	bool pass = true, answer = false;
 	__u32 n = 0, id, zero = 0, wait = 0;
 
 	if (!p || !cand || !depart)
-		return 1;
+		return RL_PASS;
 	cfg = bpf_map_lookup_elem(&rl_cfg, &zero);
 	d = bpf_map_lookup_elem(&rl_scratch, &zero);
 	if (!cfg || !d)
-		return 1;
+		return RL_PASS;
 	it = rl_walk_start(cand);
 	d->now = now;
 	d->pace_now = 0;
@@ -973,6 +995,8 @@ __noinline int rl_decide_all(const struct pkt *p, const struct rl_mask *cand, __
 		d->m[i].state = rl_check(p, d, i);
 		if (rl_rejects(d->m[i].state))
 			pass = false;
+		if (d->m[i].state == MATCH_REPLY)
+			answer = true;
 		n = i + 1;
 	}
 	if (n == RL_MAX_MATCH && rl_walk_rest_has(&it, cand, cand)) {
@@ -993,7 +1017,9 @@ __noinline int rl_decide_all(const struct pkt *p, const struct rl_mask *cand, __
 	}
 	if (pass && wait)
 		*depart = d->pace_now + wait;
-	return pass;
+	if (pass)
+		return RL_PASS;
+	return answer ? RL_ANSWER : RL_DROP;
 }
 
 /* The decision for a packet that matches exactly one limit: the common cases
@@ -1004,8 +1030,8 @@ __noinline int rl_decide_all(const struct pkt *p, const struct rl_mask *cand, __
  * rl_check and rl_commit, as in rl_decide_all, without the walk. A paced
  * limit always goes that way: it never holds cached tokens (its caches'
  * generation is never its own: rl_check_pace does not lease). */
-static __always_inline bool rl_decide_one(const struct pkt *p, const struct rl_config *cfg,
-					  __u32 id, __u64 now, __u64 *depart)
+static __always_inline int rl_decide_one(const struct pkt *p, const struct rl_config *cfg,
+					 __u32 id, __u64 now, __u64 *depart)
 {
 	struct rl_limit_cpu *lc;
 	struct rl_limit *lim = rl_limit_of(id, &lc);
@@ -1015,7 +1041,7 @@ static __always_inline bool rl_decide_one(const struct pkt *p, const struct rl_c
 	int state;
 
 	if (!lim)
-		return true;	/* stale classifier bit: not a limit */
+		return RL_PASS;	/* stale classifier bit: not a limit */
 	cost = rl_cost(lim, p);
 
 	if (lim->key_kind == RL_KEY_NONE) {
@@ -1030,16 +1056,16 @@ static __always_inline bool rl_decide_one(const struct pkt *p, const struct rl_c
 			 * branch: no run-time switch on the drop path. */
 			if (lim->action == RL_ACTION_SHADOW) {
 				rl_count(&lc->stats, MATCH_SHADOW, p);
-				return true;
+				return RL_PASS;
 			}
 			rl_count(&lc->stats, MATCH_REJECT, p);
-			return false;
+			return lim->action == RL_ACTION_REJECT ? RL_ANSWER : RL_DROP;
 		}
 	} else {
 		struct rl_key_ref r = {};
 
 		if (!rl_key_find(lim, id, p, cfg->seed, &r))
-			return true;
+			return RL_PASS;
 		/* A keyed limit's over-limit path stays in rl_check: it must see
 		 * a pool that was evicted meanwhile. */
 		if (r.way >= RL_KEY_CACHE_WAYS)
@@ -1052,13 +1078,13 @@ static __always_inline bool rl_decide_one(const struct pkt *p, const struct rl_c
 	}
 	c->tokens -= cost;
 	rl_count(&lc->stats, MATCH_ADMIT, p);
-	return true;
+	return RL_PASS;
 
 slow:
 	/* rl_decide_all with one candidate, without its walk. */
 	d = bpf_map_lookup_elem(&rl_scratch, &zero);
 	if (!d)
-		return true;
+		return RL_PASS;
 	d->now = now;
 	d->pace_now = 0;
 	d->seed[0] = cfg->seed[0];
@@ -1068,10 +1094,10 @@ slow:
 	d->m[0].state = state;
 	rl_commit(p, &d->m[0], !rl_rejects(state));
 	if (rl_rejects(state))
-		return false;
+		return state == MATCH_REPLY ? RL_ANSWER : RL_DROP;
 	if (d->m[0].wait_ns)
 		*depart = d->pace_now + d->m[0].wait_ns;
-	return true;
+	return RL_PASS;
 }
 
 /* The common case of several candidates, inline: at most RL_FAST_MATCH of
@@ -1136,9 +1162,10 @@ __noinline int rl_frag(struct pkt *p, __u64 *now)
 }
 
 /* The one decision for a parsed packet, for every program: the limits of
- * hook (enum rl_hook). Returns true if the packet may pass; *depart is then
- * the earliest departure its paced limits gave it, or left alone. */
-static __always_inline bool rl_decide(struct pkt *p, __u32 hook, __u64 *depart)
+ * hook (enum rl_hook). Returns the verdict (enum rl_verdict); on RL_PASS,
+ * *depart is the earliest departure its paced limits gave it, or left
+ * alone. */
+static __always_inline int rl_decide(struct pkt *p, __u32 hook, __u64 *depart)
 {
 	__u32 dir = hook & 1;	/* the traffic's direction (enum rl_hook) */
 	struct rl_config *cfg;
@@ -1156,21 +1183,74 @@ static __always_inline bool rl_decide(struct pkt *p, __u32 hook, __u64 *depart)
 
 	cfg = bpf_map_lookup_elem(&rl_cfg, &zero);
 	if (!cfg)
-		return true;
+		return RL_PASS;
 	if (__builtin_expect(cfg->protect_rules != 0, 0) && rl_protected(p, cfg, dir)) {
 		rl_global_count(G_PROTECTED);
-		return true;
+		return RL_PASS;
 	}
 	if (!rl_classify(p, cfg, hook, &cand))
-		return true;
+		return RL_PASS;
 
 	/* Exactly one candidate: the common case. */
 	if (cand.w[0] ? !(cand.w[0] & (cand.w[0] - 1)) && !cand.w[1] : !(cand.w[1] & (cand.w[1] - 1)))
 		return rl_decide_one(p, cfg, cand.w[0] ? rl_ctz64(cand.w[0]) : 64 + rl_ctz64(cand.w[1]), now,
 				     depart);
 	if (rl_decide_fast(p, &cand))
-		return true;
+		return RL_PASS;
 	return rl_decide_all(p, &cand, now, depart);
+}
+
+/* Counts a reply sent, of its kind. */
+static __always_inline void rl_answered(__u32 kind)
+{
+	rl_global_count(kind == RL_REPLY_RST ? G_REJECT_RST : G_REJECT_ICMP);
+}
+
+/* Answers a packet that a limit with action reject dropped, at XDP: the
+ * frame becomes the reply (reject.h), sent back out of the interface
+ * (XDP_TX); or it is dropped, if it may not be answered or the budget is
+ * spent. A global function: verified once, off the pass path. */
+__noinline int rl_answer_xdp(struct xdp_md *ctx, const struct pkt *p)
+{
+	struct rl_reply_scratch *s;
+	__u32 zero = 0, start = 0, kind = 0, n, off;
+	int len, cur, delta;
+
+	if (!ctx || !p)
+		return XDP_DROP;
+	s = bpf_map_lookup_elem(&rl_reply, &zero);
+	if (!s)
+		return XDP_DROP;
+	cur = bpf_xdp_get_buff_len(ctx);
+	n = cur < RL_REPLY_IN ? cur : RL_REPLY_IN;
+	if (n < 14 || n > RL_REPLY_IN || bpf_xdp_load_bytes(ctx, 0, s->in, n))
+		goto unanswered;
+	len = rl_reply_build(s, p, n, &start, &kind);
+	if (len <= 0 || len > RL_REPLY_L2MAX + RL_REPLY_L3MAX || start > RL_REPLY_L3)
+		goto unanswered;
+	if (!rl_reject_spend()) {
+		rl_global_count(G_REJECT_BUDGET);
+		return XDP_DROP;
+	}
+	delta = len - cur;
+	if (delta > 0 && bpf_xdp_adjust_head(ctx, -delta))
+		goto unanswered;
+	if (delta < 0 && bpf_xdp_adjust_tail(ctx, delta))
+		goto unanswered;
+	/* What the checks above proved, in the form the verifier keeps
+	 * (reject.h: RL_REPLY_START_MASK): in registers, not in start, whose
+	 * stack slot rl_reply_build wrote. */
+	off = start & RL_REPLY_START_MASK;
+	len &= 127;
+	if (len < 14)
+		goto unanswered;
+	if (bpf_xdp_store_bytes(ctx, 0, s->out + off, len))
+		goto unanswered;
+	rl_answered(kind);
+	return XDP_TX;
+unanswered:
+	rl_global_count(G_REJECT_UNANSWERED);
+	return XDP_DROP;
 }
 
 SEC("xdp")
@@ -1184,7 +1264,14 @@ int xdp_ratelimit(struct xdp_md *ctx)
 	rl_clock_tick();
 	if (parse_packet(data, end, &p) < 0)
 		return XDP_PASS;
-	return rl_decide(&p, RL_HOOK_UPLINK_IN, &depart) ? XDP_PASS : XDP_DROP;
+	switch (rl_decide(&p, RL_HOOK_UPLINK_IN, &depart)) {
+	case RL_PASS:
+		return XDP_PASS;
+	case RL_ANSWER:
+		return rl_answer_xdp(ctx, &p);
+	default:
+		return XDP_DROP;
+	}
 }
 
 #ifndef TCX_NEXT
@@ -1207,6 +1294,50 @@ static __always_inline void rl_stamp(struct __sk_buff *skb, __u64 depart)
 	bpf_skb_set_tstamp(skb, depart, BPF_SKB_TSTAMP_DELIVERY_MONO);
 }
 
+/* Answers a packet that a limit with action reject dropped, at TC: only at
+ * an uplink's ingress (bpf_redirect back out of the interface, the reply's
+ * checksums left for the stack to trust: CHECKSUM_NONE). At an endpoint's
+ * interface the packet has been through DNAT: a reply from there would
+ * carry the endpoint's address, not the Service's the client knows, so it
+ * is dropped, counted unanswered. */
+__noinline int rl_answer_tc(struct __sk_buff *skb, const struct pkt *p, __u32 hook)
+{
+	struct rl_reply_scratch *s;
+	__u32 zero = 0, start = 0, kind = 0, n, cur, off;
+	int len;
+
+	if (!skb || !p)
+		return TC_ACT_SHOT;
+	if (hook != RL_HOOK_UPLINK_IN)
+		goto unanswered;
+	s = bpf_map_lookup_elem(&rl_reply, &zero);
+	if (!s)
+		return TC_ACT_SHOT;
+	cur = skb->len;
+	n = cur < RL_REPLY_IN ? cur : RL_REPLY_IN;
+	if (n < 14 || n > RL_REPLY_IN || bpf_skb_load_bytes(skb, 0, s->in, n))
+		goto unanswered;
+	len = rl_reply_build(s, p, n, &start, &kind);
+	if (len <= 0 || len > RL_REPLY_L2MAX + RL_REPLY_L3MAX || start > RL_REPLY_L3)
+		goto unanswered;
+	if (!rl_reject_spend()) {
+		rl_global_count(G_REJECT_BUDGET);
+		return TC_ACT_SHOT;
+	}
+	off = start & RL_REPLY_START_MASK;	/* as at XDP: for the verifier */
+	len &= 127;
+	if (len < 14)
+		goto unanswered;
+	if (bpf_skb_change_tail(skb, len, 0) || bpf_skb_store_bytes(skb, 0, s->out + off, len, 0))
+		goto unanswered;
+	bpf_csum_level(skb, BPF_CSUM_LEVEL_RESET);
+	rl_answered(kind);
+	return bpf_redirect(skb->ifindex, 0);
+unanswered:
+	rl_global_count(G_REJECT_UNANSWERED);
+	return TC_ACT_SHOT;
+}
+
 /* The TC programs: one per hook, the hook a constant so that the verifier
  * keeps one hook's path. The same skb program works under tcx and as a
  * clsact direct-action filter. */
@@ -1219,8 +1350,14 @@ static __always_inline int rl_tc(struct __sk_buff *skb, __u32 hook)
 	if (rl_parse_skb(skb, &p) < 0)
 		return TCX_NEXT;
 	rl_skb_wire(skb, &p);
-	if (!rl_decide(&p, hook, &depart))
+	switch (rl_decide(&p, hook, &depart)) {
+	case RL_PASS:
+		break;
+	case RL_ANSWER:
+		return rl_answer_tc(skb, &p, hook);
+	default:
 		return TC_ACT_SHOT;
+	}
 	if (__builtin_expect(depart != 0, 0))
 		rl_stamp(skb, depart);
 	return TCX_NEXT;

@@ -19,6 +19,7 @@ const (
 	RatelimitRlActionRL_ACTION_DROP   RatelimitRlAction = 0
 	RatelimitRlActionRL_ACTION_SHADOW RatelimitRlAction = 1
 	RatelimitRlActionRL_ACTION_PACE   RatelimitRlAction = 2
+	RatelimitRlActionRL_ACTION_REJECT RatelimitRlAction = 3
 )
 
 type RatelimitRlAttach uint32
@@ -149,6 +150,10 @@ type RatelimitRlGlobalStats struct {
 	FragFirst        uint64
 	FragUnseen       uint64
 	CacheBypass      uint64
+	RejectRst        uint64
+	RejectIcmp       uint64
+	RejectBudget     uint64
+	RejectUnanswered uint64
 }
 
 type RatelimitRlHead4 struct {
@@ -293,6 +298,20 @@ const (
 	RatelimitRlProtoClassRL_PROTO_ANY_ENTRIES RatelimitRlProtoClass = 10
 )
 
+type RatelimitRlRejectBudget struct {
+	_           structs.HostLayout
+	Tat         uint64
+	IntervalNs  uint64
+	ToleranceNs uint64
+}
+
+type RatelimitRlReplyScratch struct {
+	_   structs.HostLayout
+	In  [96]uint8
+	L3  [64]uint8
+	Out [160]uint8
+}
+
 type RatelimitRlStats struct {
 	_               structs.HostLayout
 	AdmittedPackets uint64
@@ -352,6 +371,8 @@ const (
 	RatelimitMapRlProtect6      = "rl_protect6"
 	RatelimitMapRlProtectPorts  = "rl_protect_ports"
 	RatelimitMapRlProtoAny      = "rl_proto_any"
+	RatelimitMapRlReject        = "rl_reject"
+	RatelimitMapRlReply         = "rl_reply"
 	RatelimitMapRlScratch       = "rl_scratch"
 	RatelimitMapRlSrc4          = "rl_src4"
 	RatelimitMapRlSrc4Head      = "rl_src4_head"
@@ -373,6 +394,7 @@ const (
 	RatelimitVarRlKeyKind       = "_rl_key_kind"
 	RatelimitVarRlMetaState     = "_rl_meta_state"
 	RatelimitVarRlProtoClass    = "_rl_proto_class"
+	RatelimitVarRlRejectBudget  = "_rl_reject_budget"
 	RatelimitVarRlUnit          = "_rl_unit"
 	RatelimitVarRlClockProbeOut = "rl_clock_probe_out"
 	RatelimitVarRlClockSrc      = "rl_clock_src"
@@ -454,6 +476,8 @@ type RatelimitMapSpecs struct {
 	RlProtect6     *ebpf.MapSpec `ebpf:"rl_protect6"`
 	RlProtectPorts *ebpf.MapSpec `ebpf:"rl_protect_ports"`
 	RlProtoAny     *ebpf.MapSpec `ebpf:"rl_proto_any"`
+	RlReject       *ebpf.MapSpec `ebpf:"rl_reject"`
+	RlReply        *ebpf.MapSpec `ebpf:"rl_reply"`
 	RlScratch      *ebpf.MapSpec `ebpf:"rl_scratch"`
 	RlSrc4         *ebpf.MapSpec `ebpf:"rl_src4"`
 	RlSrc4Head     *ebpf.MapSpec `ebpf:"rl_src4_head"`
@@ -475,6 +499,7 @@ type RatelimitVariableSpecs struct {
 	RlKeyKind       *ebpf.VariableSpec `ebpf:"_rl_key_kind"`
 	RlMetaState     *ebpf.VariableSpec `ebpf:"_rl_meta_state"`
 	RlProtoClass    *ebpf.VariableSpec `ebpf:"_rl_proto_class"`
+	RlRejectBudget  *ebpf.VariableSpec `ebpf:"_rl_reject_budget"`
 	RlUnit          *ebpf.VariableSpec `ebpf:"_rl_unit"`
 	RlClockProbeOut *ebpf.VariableSpec `ebpf:"rl_clock_probe_out"`
 	RlClockSrc      *ebpf.VariableSpec `ebpf:"rl_clock_src"`
@@ -522,6 +547,8 @@ type RatelimitMaps struct {
 	RlProtect6     *ebpf.Map `ebpf:"rl_protect6"`
 	RlProtectPorts *ebpf.Map `ebpf:"rl_protect_ports"`
 	RlProtoAny     *ebpf.Map `ebpf:"rl_proto_any"`
+	RlReject       *ebpf.Map `ebpf:"rl_reject"`
+	RlReply        *ebpf.Map `ebpf:"rl_reply"`
 	RlScratch      *ebpf.Map `ebpf:"rl_scratch"`
 	RlSrc4         *ebpf.Map `ebpf:"rl_src4"`
 	RlSrc4Head     *ebpf.Map `ebpf:"rl_src4_head"`
@@ -549,6 +576,8 @@ func (m *RatelimitMaps) Close() error {
 		m.RlProtect6,
 		m.RlProtectPorts,
 		m.RlProtoAny,
+		m.RlReject,
+		m.RlReply,
 		m.RlScratch,
 		m.RlSrc4,
 		m.RlSrc4Head,
@@ -571,6 +600,7 @@ type RatelimitVariables struct {
 	RlKeyKind       *ebpf.Variable `ebpf:"_rl_key_kind"`
 	RlMetaState     *ebpf.Variable `ebpf:"_rl_meta_state"`
 	RlProtoClass    *ebpf.Variable `ebpf:"_rl_proto_class"`
+	RlRejectBudget  *ebpf.Variable `ebpf:"_rl_reject_budget"`
 	RlUnit          *ebpf.Variable `ebpf:"_rl_unit"`
 	RlClockProbeOut *ebpf.Variable `ebpf:"rl_clock_probe_out"`
 	RlClockSrc      *ebpf.Variable `ebpf:"rl_clock_src"`

@@ -164,7 +164,7 @@ func buildClassifier(limits map[uint32]*installed, prev *bpf.RatelimitRlConfig, 
 		m := &in.limit.Match
 		// One hook: no packet is charged twice for one limit.
 		setBit(&c.cfg.Hook[m.Attach.Hook(m.Direction)], id)
-		if in.limit.Action != Shadow { // drop and pace limits fail closed
+		if in.limit.Action != Shadow { // drop, pace and reject limits fail closed
 			setBit(&c.cfg.Drop, id)
 		}
 		if in.limit.Unit == Connections {

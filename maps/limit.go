@@ -56,6 +56,12 @@ const (
 	// uplink, before its qdisc, which must be fq for the departure to
 	// mean anything.
 	Pace = Action(bpf.RatelimitRlActionRL_ACTION_PACE)
+	// Reject drops the packet and answers it, if it may be answered and
+	// the node's reply budget allows (SetRejectBudget): a TCP SYN with a
+	// RST, a UDP datagram with an ICMP port unreachable. Only at UplinkIn
+	// is a reply sent; at EndpointIn the packet is dropped unanswered
+	// (counted: GlobalStats.RejectUnanswered).
+	Reject = Action(bpf.RatelimitRlActionRL_ACTION_REJECT)
 )
 
 // KeyKind is how a limit splits its traffic into buckets.
@@ -226,8 +232,11 @@ func (l *Limit) Validate() error {
 	if l.Unit > Connections {
 		return fmt.Errorf("unit: %d is not one of packets (%d), bytes (%d), connections (%d)", l.Unit, Packets, Bytes, Connections)
 	}
-	if l.Action > Pace {
-		return fmt.Errorf("action: %d is not one of drop (%d), shadow (%d), pace (%d)", l.Action, Drop, Shadow, Pace)
+	if l.Action > Reject {
+		return fmt.Errorf("action: %d is not one of drop (%d), shadow (%d), pace (%d), reject (%d)", l.Action, Drop, Shadow, Pace, Reject)
+	}
+	if l.Action == Reject && l.Match.Direction != Ingress {
+		return errors.New("action: reject answers arriving packets: it needs direction ingress")
 	}
 	if l.Action == Pace {
 		if h := l.Match.Attach.Hook(l.Match.Direction); h != UplinkOut {
@@ -340,6 +349,8 @@ func (a Action) String() string {
 		return "shadow"
 	case Pace:
 		return "pace"
+	case Reject:
+		return "reject"
 	}
 	return fmt.Sprintf("action(%d)", uint8(a))
 }

@@ -76,7 +76,8 @@ func TestValidate(t *testing.T) {
 		{name: "unknown unit", modify: func(l *Limit) { l.Unit = Connections + 1 }, field: "unit:", choices: []string{"packets", "bytes", "connections"}},
 		{name: "connections of udp", modify: func(l *Limit) { l.Unit, l.Match.Protocol = Connections, UDP }, field: "unit:", choices: []string{"tcp", "any"}},
 		{name: "connections of icmp", modify: func(l *Limit) { l.Unit, l.Match.Protocol, l.Match.DstPorts = Connections, ICMP, nil }, field: "unit:"},
-		{name: "unknown action", modify: func(l *Limit) { l.Action = Pace + 1 }, field: "action:", choices: []string{"drop", "shadow", "pace"}},
+		{name: "unknown action", modify: func(l *Limit) { l.Action = Reject + 1 }, field: "action:", choices: []string{"drop", "shadow", "pace", "reject"}},
+		{name: "reject on egress", modify: func(l *Limit) { l.Action, l.Match.Direction = Reject, Egress }, field: "action:", choices: []string{"ingress"}},
 		{name: "pace at the endpoints' egress", modify: func(l *Limit) {
 			l.Action, l.Horizon, l.Match.Attach, l.Match.Direction = Pace, time.Millisecond, Endpoints, Egress
 		}, field: "action:", choices: []string{"uplink-out"}},

@@ -89,6 +89,16 @@ type GlobalStats struct {
 	// CacheBypass counts keyed checks that drew from the shared pool
 	// directly: the packet already held both ways of the bucket's cache set.
 	CacheBypass uint64 `json:"cacheBypass"`
+	// Replies to packets that limits with action reject dropped: TCP
+	// RST/ACKs and ICMP (or ICMPv6) port unreachables sent; rejects
+	// dropped unanswered because the node's reply budget was spent, and
+	// because the packet may not be answered (not a TCP SYN or UDP, a
+	// fragment, IP options or IPv6 extension headers, a broadcast,
+	// multicast or non-unicast address; at an endpoint's interface).
+	RejectRST        uint64 `json:"rejectRst"`
+	RejectICMP       uint64 `json:"rejectIcmp"`
+	RejectBudget     uint64 `json:"rejectBudget"`
+	RejectUnanswered uint64 `json:"rejectUnanswered"`
 }
 
 // GlobalStats reads the counters that belong to no limit.
@@ -108,6 +118,10 @@ func (d *Datapath) GlobalStats() (GlobalStats, error) {
 		g.FragFirst += c.FragFirst
 		g.FragUnseen += c.FragUnseen
 		g.CacheBypass += c.CacheBypass
+		g.RejectRST += c.RejectRst
+		g.RejectICMP += c.RejectIcmp
+		g.RejectBudget += c.RejectBudget
+		g.RejectUnanswered += c.RejectUnanswered
 	}
 	return g, nil
 }

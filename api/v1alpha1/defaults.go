@@ -56,6 +56,12 @@ const (
 	MaxDemandStaleAfter         = time.Hour
 	DefaultDemandFloorPerMille  = 10
 	MaxDemandFloorPerMille      = 20
+
+	// The reject budget's (RejectBudget): the kernel's own limits on
+	// its ICMP errors (net.ipv4.icmp_msgs_per_sec, icmp_msgs_burst).
+	DefaultRejectRate  = 1000
+	DefaultRejectBurst = 50
+	MaxRejectRate      = 100_000
 )
 
 // Default applies every default of the file: its own and each limit's.
@@ -87,9 +93,22 @@ func (c *Config) Default() {
 		c.EndpointHook = EndpointHookHost
 	}
 	c.DemandShares.Default()
+	c.RejectBudget.Default()
 	if c.ProtectAPIServer == nil {
 		on := true
 		c.ProtectAPIServer = &on
+	}
+}
+
+// Default applies the defaults of the reject budget.
+func (b *RejectBudget) Default() {
+	if b.Rate == nil {
+		r := uint32(DefaultRejectRate)
+		b.Rate = &r
+	}
+	if b.Burst == nil {
+		n := min(uint32(DefaultRejectBurst), max(*b.Rate, 1))
+		b.Burst = &n
 	}
 }
 

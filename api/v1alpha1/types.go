@@ -77,6 +77,13 @@ type Config struct {
 	// (Optional) See DemandShares.
 	DemandShares DemandShares `json:"demandShares,omitzero"`
 
+	// RejectBudget bounds the replies the node sends to packets that
+	// limits with action reject drop, over all those limits: beyond it a
+	// reject is a drop (counted), so that spoofed traffic can never make
+	// the node a reflector.
+	// (Optional) See RejectBudget.
+	RejectBudget RejectBudget `json:"rejectBudget,omitzero"`
+
 	// ManageQdisc lets the agent put the fq qdisc on the uplinks that a
 	// paced limit leaves through: a departure time does nothing without fq
 	// (Debian's default is fq_codel, a veth's noqueue). true: where an
@@ -90,6 +97,22 @@ type Config struct {
 	// missing.
 	// (Optional) Default false.
 	ManageQdisc bool `json:"manageQdisc,omitempty"`
+}
+
+// RejectBudget is the node's budget of replies to rejected packets.
+type RejectBudget struct {
+	// Rate is the replies per second, sent by every CPU together; 0 sends
+	// none.
+	// (Optional) 0..100000; default 1000 (the kernel's own ICMP limit,
+	// net.ipv4.icmp_msgs_per_sec).
+	// +optional
+	Rate *uint32 `json:"rate,omitempty"`
+
+	// Burst is the replies that may go at once.
+	// (Optional) 1..rate; default 50 (net.ipv4.icmp_msgs_burst), or the
+	// rate if that is less.
+	// +optional
+	Burst *uint32 `json:"burst,omitempty"`
 }
 
 // DemandShares are the parameters of share demand. Every agent of a
@@ -178,6 +201,7 @@ type Limit struct {
 // +kubebuilder:validation:XValidation:rule="!has(self.action) || self.action != 'pace' || (has(self.match.direction) && self.match.direction == 'egress')",message="action pace needs match.direction egress: pacing delays egress packets; ingress packets cannot be delayed",fieldPath=".action"
 // +kubebuilder:validation:XValidation:rule="!has(self.action) || self.action != 'pace' || (has(self.attach) ? self.attach == 'uplink' : self.scope != 'service')",message="action pace needs attach uplink: the departure time is kept by the uplink's fq qdisc",fieldPath=".attach"
 // +kubebuilder:validation:XValidation:rule="!has(self.horizon) || (has(self.action) && self.action == 'pace')",message="horizon is only allowed with action pace",fieldPath=".horizon"
+// +kubebuilder:validation:XValidation:rule="!has(self.action) || self.action != 'reject' || !has(self.match.direction) || self.match.direction == 'ingress'",message="action reject needs match.direction ingress: it answers arriving packets",fieldPath=".action"
 // +kubebuilder:validation:XValidation:rule="!has(self.prefixLength) || (has(self.key) && (self.key == 'src-prefix' || self.key == 'dst-prefix'))",message="prefixLength is only allowed with key src-prefix or dst-prefix",fieldPath=".prefixLength"
 // +kubebuilder:validation:XValidation:rule="!has(self.attach) || self.attach != 'endpoints' || has(self.match.service) || ((has(self.match.direction) && self.match.direction == 'egress') ? (has(self.match.srcCIDRs) && size(self.match.srcCIDRs) > 0) : (has(self.match.dstCIDRs) && size(self.match.dstCIDRs) > 0))",message="attach endpoints without match.service takes the endpoint addresses from match.dstCIDRs (ingress) or match.srcCIDRs (egress): list them",fieldPath=".attach"
 // +kubebuilder:validation:XValidation:rule="!has(self.unit) || self.unit != 'connections' || !has(self.match.protocol) || self.match.protocol == 'tcp' || self.match.protocol == 'any'",message="unit connections counts TCP SYNs: it needs protocol tcp or any",fieldPath=".unit"
@@ -421,13 +445,17 @@ const (
 )
 
 // Action is what happens to a packet whose bucket is empty.
-// +kubebuilder:validation:Enum=drop;shadow;pace
+// +kubebuilder:validation:Enum=drop;shadow;pace;reject
 type Action string
 
 const (
 	ActionDrop   Action = "drop"
 	ActionShadow Action = "shadow" // count as would-drop, pass
 	ActionPace   Action = "pace"   // egress: delay with an EDT timestamp
+	// ActionReject drops the packet and answers a TCP SYN with a RST, a
+	// UDP datagram with an ICMP port unreachable (ingress; within the
+	// node's rejectBudget; at attach endpoints, dropped unanswered).
+	ActionReject Action = "reject"
 )
 
 // Direction is the hook a limit applies at.
@@ -479,7 +507,7 @@ var (
 	Fallbacks  = []XDPFallback{XDPFallbackNone, XDPFallbackTC}
 	Hooks      = []EndpointHook{EndpointHookHost, EndpointHookPod}
 	Scopes     = []Scope{ScopeStatic, ScopeNodes, ScopeService}
-	Actions    = []Action{ActionDrop, ActionShadow, ActionPace}
+	Actions    = []Action{ActionDrop, ActionShadow, ActionPace, ActionReject}
 	Directions = []Direction{DirectionIngress, DirectionEgress}
 	Protocols  = []Protocol{ProtocolAny, ProtocolTCP, ProtocolUDP, ProtocolICMP}
 )

@@ -82,8 +82,20 @@ func (c *Config) Validate() error {
 		el = append(el, l.RateLimitSpec.validate(p, true)...)
 	}
 	el = append(el, c.DemandShares.validate("demandShares")...)
+	el = append(el, c.RejectBudget.validate("rejectBudget")...)
 	el = append(el, c.validateProtect()...)
 	return errors.Join(el...)
+}
+
+func (b *RejectBudget) validate(path string) []error {
+	var el errorList
+	if b.Rate != nil && *b.Rate > MaxRejectRate {
+		el.add(field(path, "rate"), "%d is not in 0..%d (replies per second)", *b.Rate, MaxRejectRate)
+	}
+	if b.Rate != nil && b.Burst != nil && *b.Rate > 0 && (*b.Burst < 1 || *b.Burst > *b.Rate) {
+		el.add(field(path, "burst"), "%d is not in 1..%d (the rate: the replies of one second)", *b.Burst, *b.Rate)
+	}
+	return el
 }
 
 func (d *DemandShares) validate(path string) []error {
@@ -225,9 +237,12 @@ func (s *RateLimitSpec) validate(path string, standalone bool) []error {
 		el.add(field(path, "scope"), "%s", notOneOf(s.Scope, Scopes))
 	}
 	switch s.Action {
-	case ActionDrop, ActionShadow:
+	case ActionDrop, ActionShadow, ActionReject:
 		if s.Horizon != nil {
 			el.add(field(path, "horizon"), "only with action pace (action is %q)", s.Action)
+		}
+		if s.Action == ActionReject && m.Direction != DirectionIngress {
+			el.add(field(path, "action"), "reject needs match.direction ingress (direction is %q): it answers arriving packets", m.Direction)
 		}
 	case ActionPace:
 		if m.Direction != DirectionEgress {

@@ -197,8 +197,23 @@ func TestValidateRules(t *testing.T) {
 			limit(c, 0).Scope = ScopeService
 			limit(c, 0).Match.Service = "kube-system/kube-dns"
 		}, "limits[0].scope", []string{`"service" needs the Kubernetes watcher`}},
-		{"action unknown", func(c *Config) { limit(c, 0).Action = "reject" },
-			"limits[0].action", []string{`"reject" is not one of drop, shadow, pace`}},
+		{"action unknown", func(c *Config) { limit(c, 0).Action = "refuse" },
+			"limits[0].action", []string{`"refuse" is not one of drop, shadow, pace, reject`}},
+		{"reject on egress", func(c *Config) {
+			limit(c, 0).Action = ActionReject
+			limit(c, 0).Match.Direction = DirectionEgress
+		}, "limits[0].action", []string{"reject needs match.direction ingress", `"egress"`, "arriving packets"}},
+		{"reject with a horizon", func(c *Config) {
+			limit(c, 0).Action = ActionReject
+			limit(c, 0).Horizon = &metav1.Duration{Duration: time.Second}
+		}, "limits[0].horizon", []string{`only with action pace (action is "reject")`}},
+		{"reject budget above the most", func(c *Config) { c.RejectBudget.Rate = ptr(uint32(100_001)) },
+			"rejectBudget.rate", []string{"100001 is not in 0..100000"}},
+		{"reject burst above the rate", func(c *Config) {
+			c.RejectBudget.Rate, c.RejectBudget.Burst = ptr(uint32(10)), ptr(uint32(11))
+		}, "rejectBudget.burst", []string{"11 is not in 1..10"}},
+		{"reject burst 0", func(c *Config) { c.RejectBudget.Burst = ptr(uint32(0)) },
+			"rejectBudget.burst", []string{"0 is not in 1..1000"}},
 		{"pace on ingress", func(c *Config) { limit(c, 0).Action = ActionPace },
 			"limits[0].action", []string{"pace needs match.direction egress", "EDT timestamps", "ingress packets cannot be delayed"}},
 		{"pace at the endpoints", func(c *Config) {
@@ -345,7 +360,7 @@ func TestValidateAll(t *testing.T) {
 	c.MaxBuckets = 1
 	c.Limits[0].Rate = 0
 	c.Limits[0].Unit = "pkts"
-	c.Limits[0].Action = "reject"
+	c.Limits[0].Action = "refuse"
 	c.Limits[1].Match.DstPorts[0] = "70000"
 	c.Limits[1].Scope = ScopeNodes
 	var got []string

@@ -43,6 +43,10 @@ enum rl_action {
 	 * will have accrued, for fq to hold it until then; drop it if that is
 	 * more than the limit's horizon ahead. TC egress only. */
 	RL_ACTION_PACE = 2,
+	/* Drop it and answer it, if it may be answered and the node's reply
+	 * budget allows (reject.h): a TCP SYN with a RST, a UDP datagram with
+	 * an ICMP port unreachable. Ingress only. */
+	RL_ACTION_REJECT = 3,
 };
 
 /* What one token is worth. */
@@ -339,6 +343,18 @@ struct rl_global_stats {
 	__u64 frag_first;	/* first fragments recorded for their later fragments */
 	__u64 frag_unseen;	/* later fragments whose first fragment was not seen */
 	__u64 cache_bypass;	/* keyed checks that found both ways of their set taken by the same packet */
+	__u64 reject_rst;	/* action reject: TCP RST/ACKs sent */
+	__u64 reject_icmp;	/* action reject: ICMP and ICMPv6 port unreachables sent */
+	__u64 reject_budget;	/* action reject: dropped unanswered, the reply budget spent */
+	__u64 reject_unanswered; /* action reject: dropped unanswered, the packet may not be answered there */
+};
+
+/* The node's budget of replies to rejected packets (reject.h). Written by
+ * user space, interval and tolerance; tat by the data path. */
+struct rl_reject_budget {
+	__u64 tat;		/* the theoretical arrival time of the next reply, ns */
+	__u64 interval_ns;	/* 1e9 / the replies per second; 0: no replies */
+	__u64 tolerance_ns;	/* burst x interval: how far tat may run ahead */
 };
 
 /* What the agent knows of a limit, for `rlagent status` to read from the

@@ -152,7 +152,8 @@ func printStatus(w io.Writer, st []agent.LimitStatus, output string) error {
 // one line: totals since the maps were created.
 func printGlobal(w io.Writer, g maps.GlobalStats) {
 	fmt.Fprintf(w, "data path: l4-unknown %d, fragments %d first / %d unseen, protected %d, "+
-		"match overflow %d (fail closed %d), pool full %d, lease contended %d, key cache bypass %d\n",
+		"match overflow %d (fail closed %d), pool full %d, lease contended %d, key cache bypass %d, "+
+		"rejects answered %d rst / %d icmp, unanswered %d over budget / %d unanswerable\n",
 		g.L4Unknown, g.FragFirst, g.FragUnseen, g.Protected, g.MatchOverflow, g.FailClosed,
-		g.PoolFull, g.LeaseContended, g.CacheBypass)
+		g.PoolFull, g.LeaseContended, g.CacheBypass, g.RejectRST, g.RejectICMP, g.RejectBudget, g.RejectUnanswered)
 }

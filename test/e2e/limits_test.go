@@ -109,7 +109,7 @@ limits:
 		field string
 	}{
 		{[]string{"x", "--rate", "5", "--unit", "pkts"}, `limits[2].unit: "pkts" is not one of packets, bytes`},
-		{[]string{"x", "--rate", "5", "--action", "block"}, `limits[2].action: "block" is not one of drop, shadow, pace`},
+		{[]string{"x", "--rate", "5", "--action", "block"}, `limits[2].action: "block" is not one of drop, shadow, pace, reject`},
 		{[]string{"x", "--rate", "5", "--action", "pace"}, "limits[2].action: pace needs match.direction egress"},
 		{[]string{"x", "--rate", "5", "--protocol", "sctp"}, `limits[2].match.protocol: "sctp" is not one of any, tcp, udp, icmp`},
 		{[]string{"x", "--rate", "5", "--key", "src-port"}, `limits[2].key: "src-port" is not one of`},

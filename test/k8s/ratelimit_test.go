@@ -67,6 +67,8 @@ func TestSchemaRejectsInvalid(t *testing.T) {
 		{"horizon-not-a-duration", map[string]any{"rate": 10, "scope": "nodes", "action": "pace", "horizon": "soon",
 			"match": map[string]any{"direction": "egress"}},
 			[]string{"spec.horizon"}},
+		{"reject-egress", map[string]any{"rate": 10, "scope": "nodes", "action": "reject", "match": map[string]any{"direction": "egress"}},
+			[]string{"spec.action", "action reject needs match.direction ingress"}},
 		{"share-unknown", map[string]any{"rate": 10, "scope": "nodes", "share": "fair", "match": udp},
 			[]string{`spec.share: Unsupported value: "fair"`, `"equal", "demand"`}},
 		{"share-demand-static", map[string]any{"rate": 10, "scope": "static", "share": "demand", "match": udp},
