@@ -1206,6 +1206,31 @@ static __always_inline void rl_answered(__u32 kind)
 	rl_global_count(kind == RL_REPLY_RST ? G_REJECT_RST : G_REJECT_ICMP);
 }
 
+/* The reply to a packet that a limit with action reject dropped, whose
+ * first n bytes are in s->in: built in s->out (reject.h) and paid for from
+ * the node's budget. Returns its kind, start in s->out and length, packed
+ * (RL_REPLY_*_SHIFT, _MASK); 0 when the packet may not be answered or the
+ * budget is spent, each counted. A global function: verified once, for
+ * XDP and TC. */
+__noinline int rl_reply_build(struct rl_reply_scratch *s, const struct pkt *p, __u32 n)
+{
+	__u32 start = 0, kind = 0;
+	int len;
+
+	if (!s || !p)
+		return 0;
+	len = rl_reply_fill(s, p, n, &start, &kind);
+	if (len <= 0 || len > RL_REPLY_L2MAX + RL_REPLY_L3MAX || start > RL_REPLY_L3) {
+		rl_global_count(G_REJECT_UNANSWERED);
+		return 0;
+	}
+	if (!rl_reject_spend()) {
+		rl_global_count(G_REJECT_BUDGET);
+		return 0;
+	}
+	return kind << RL_REPLY_KIND_SHIFT | start << RL_REPLY_START_SHIFT | len;
+}
+
 /* Answers a packet that a limit with action reject dropped, at XDP: the
  * frame becomes the reply (reject.h), sent back out of the interface
  * (XDP_TX); or it is dropped, if it may not be answered or the budget is
@@ -1213,8 +1238,8 @@ static __always_inline void rl_answered(__u32 kind)
 __noinline int rl_answer_xdp(struct xdp_md *ctx, const struct pkt *p)
 {
 	struct rl_reply_scratch *s;
-	__u32 zero = 0, start = 0, kind = 0, n, off;
-	int len, cur, delta;
+	__u32 zero = 0, n, off;
+	int r, len, cur, delta;
 
 	if (!ctx || !p)
 		return XDP_DROP;
@@ -1225,28 +1250,21 @@ __noinline int rl_answer_xdp(struct xdp_md *ctx, const struct pkt *p)
 	n = cur < RL_REPLY_IN ? cur : RL_REPLY_IN;
 	if (n < 14 || n > RL_REPLY_IN || bpf_xdp_load_bytes(ctx, 0, s->in, n))
 		goto unanswered;
-	len = rl_reply_build(s, p, n, &start, &kind);
-	if (len <= 0 || len > RL_REPLY_L2MAX + RL_REPLY_L3MAX || start > RL_REPLY_L3)
+	r = rl_reply_build(s, p, n);
+	if (r <= 0)
+		return XDP_DROP;	/* counted */
+	len = r & RL_REPLY_LEN_MASK;
+	off = (r >> RL_REPLY_START_SHIFT) & RL_REPLY_START_MASK;
+	if (len < 14)
 		goto unanswered;
-	if (!rl_reject_spend()) {
-		rl_global_count(G_REJECT_BUDGET);
-		return XDP_DROP;
-	}
 	delta = len - cur;
 	if (delta > 0 && bpf_xdp_adjust_head(ctx, -delta))
 		goto unanswered;
 	if (delta < 0 && bpf_xdp_adjust_tail(ctx, delta))
 		goto unanswered;
-	/* What the checks above proved, in the form the verifier keeps
-	 * (reject.h: RL_REPLY_START_MASK): in registers, not in start, whose
-	 * stack slot rl_reply_build wrote. */
-	off = start & RL_REPLY_START_MASK;
-	len &= 127;
-	if (len < 14)
-		goto unanswered;
 	if (bpf_xdp_store_bytes(ctx, 0, s->out + off, len))
 		goto unanswered;
-	rl_answered(kind);
+	rl_answered(r >> RL_REPLY_KIND_SHIFT);
 	return XDP_TX;
 unanswered:
 	rl_global_count(G_REJECT_UNANSWERED);
@@ -1303,8 +1321,8 @@ static __always_inline void rl_stamp(struct __sk_buff *skb, __u64 depart)
 __noinline int rl_answer_tc(struct __sk_buff *skb, const struct pkt *p, __u32 hook)
 {
 	struct rl_reply_scratch *s;
-	__u32 zero = 0, start = 0, kind = 0, n, cur, off;
-	int len;
+	__u32 zero = 0, n, cur, off;
+	int r, len;
 
 	if (!skb || !p)
 		return TC_ACT_SHOT;
@@ -1317,21 +1335,17 @@ __noinline int rl_answer_tc(struct __sk_buff *skb, const struct pkt *p, __u32 ho
 	n = cur < RL_REPLY_IN ? cur : RL_REPLY_IN;
 	if (n < 14 || n > RL_REPLY_IN || bpf_skb_load_bytes(skb, 0, s->in, n))
 		goto unanswered;
-	len = rl_reply_build(s, p, n, &start, &kind);
-	if (len <= 0 || len > RL_REPLY_L2MAX + RL_REPLY_L3MAX || start > RL_REPLY_L3)
-		goto unanswered;
-	if (!rl_reject_spend()) {
-		rl_global_count(G_REJECT_BUDGET);
-		return TC_ACT_SHOT;
-	}
-	off = start & RL_REPLY_START_MASK;	/* as at XDP: for the verifier */
-	len &= 127;
+	r = rl_reply_build(s, p, n);
+	if (r <= 0)
+		return TC_ACT_SHOT;	/* counted */
+	len = r & RL_REPLY_LEN_MASK;
+	off = (r >> RL_REPLY_START_SHIFT) & RL_REPLY_START_MASK;
 	if (len < 14)
 		goto unanswered;
 	if (bpf_skb_change_tail(skb, len, 0) || bpf_skb_store_bytes(skb, 0, s->out + off, len, 0))
 		goto unanswered;
 	bpf_csum_level(skb, BPF_CSUM_LEVEL_RESET);
-	rl_answered(kind);
+	rl_answered(r >> RL_REPLY_KIND_SHIFT);
 	return bpf_redirect(skb->ifindex, 0);
 unanswered:
 	rl_global_count(G_REJECT_UNANSWERED);

@@ -63,12 +63,18 @@ _Static_assert(RL_REPLY_L2MAX <= RL_REPLY_L3, "the L2 header fits before the rep
 _Static_assert(RL_REPLY_L2MAX + 60 <= RL_REPLY_IN, "the L2 header, IPv6 and TCP fit in in[]");
 
 /* A reply starts at RL_REPLY_L3 - its L2 length (14 at least) in out[] and
- * is less than 128 bytes long: the callers mask start and length with
- * these for the verifier, which loses the bounds across rl_reply_build. */
+ * is less than 128 bytes long: rl_reply_build packs the two with its kind
+ * into its return value, which the callers unpack with these masks (the
+ * verifier keeps no bounds across a global function). */
 #define RL_REPLY_START_MASK 31
+#define RL_REPLY_LEN_MASK 127
+#define RL_REPLY_START_SHIFT 7
+#define RL_REPLY_KIND_SHIFT 12
 _Static_assert(RL_REPLY_L3 - 14 <= RL_REPLY_START_MASK, "the mask keeps every start");
 _Static_assert(RL_REPLY_L2MAX + RL_REPLY_L3MAX < 128, "a reply is less than 128 bytes");
-_Static_assert(RL_REPLY_START_MASK + 127 <= RL_REPLY_OUT, "a masked start and length stay in out[]");
+_Static_assert(RL_REPLY_START_MASK + RL_REPLY_LEN_MASK <= RL_REPLY_OUT, "a masked start and length stay in out[]");
+_Static_assert(RL_REPLY_LEN_MASK < 1 << RL_REPLY_START_SHIFT, "the packed length and start do not overlap");
+_Static_assert(RL_REPLY_START_MASK < 1 << (RL_REPLY_KIND_SHIFT - RL_REPLY_START_SHIFT), "the packed start and kind do not overlap");
 
 /* What a reject did. */
 enum rl_reply_kind {
@@ -168,17 +174,29 @@ static __always_inline bool rl_unicast6(const __u8 *a)
 	return true;
 }
 
+/* Writes at out the RST/ACK that answers the SYN in, which carries seg
+ * bytes of payload. */
+static __always_inline void rl_rst(struct tcphdr *out, const struct tcphdr *in, __u32 seg)
+{
+	__builtin_memset(out, 0, 20);
+	out->source = in->dest;
+	out->dest = in->source;
+	out->ack_seq = bpf_htonl(bpf_ntohl(in->seq) + 1 + seg);
+	out->doff = 5;
+	out->rst = 1;
+	out->ack = 1;
+}
+
 /* Builds the reply to the packet whose first n bytes are in s->in (p, its
  * parse) in s->out, from *start, and returns its length; 0 if the packet
- * may not be answered. A global function: the verifier checks it once. */
-__noinline int rl_reply_build(struct rl_reply_scratch *s, const struct pkt *p, __u32 n, __u32 *start, __u32 *kind)
+ * may not be answered. */
+static __always_inline int rl_reply_fill(struct rl_reply_scratch *s, const struct pkt *p, __u32 n, __u32 *start,
+					 __u32 *kind)
 {
 	__u32 l2 = 14, l3len, sum, hlen, plen;
 	__u16 proto;
 	__u8 *o, *ip;
 
-	if (!s || !p || !start || !kind)
-		return 0;
 	*kind = RL_REPLY_NONE;
 	if (p->frag != RL_FRAG_NONE || p->l4_unknown || p->segs != 1 || n < 14 || n > RL_REPLY_IN)
 		return 0;
@@ -245,13 +263,7 @@ __noinline int rl_reply_build(struct rl_reply_scratch *s, const struct pkt *p, _
 			out4->tot_len = bpf_htons(40);
 			out4->frag_off = bpf_htons(0x4000);	/* DF, as the kernel's resets */
 			out4->protocol = IPPROTO_TCP;
-			__builtin_memset(out, 0, 20);
-			out->source = in->dest;
-			out->dest = in->source;
-			out->ack_seq = bpf_htonl(bpf_ntohl(in->seq) + 1 + seg);
-			out->doff = 5;
-			out->rst = 1;
-			out->ack = 1;
+			rl_rst(out, in, seg);
 			/* The pseudo-header, then the segment. */
 			sum = bpf_csum_diff(0, 0, (__be32 *)(o + 12), 8, 0);
 			sum = rl_csum_add(sum, bpf_htons(IPPROTO_TCP) + bpf_htons(20));
@@ -303,13 +315,7 @@ __noinline int rl_reply_build(struct rl_reply_scratch *s, const struct pkt *p, _
 			nh = IPPROTO_TCP;
 			out6->payload_len = bpf_htons(20);
 			out6->nexthdr = IPPROTO_TCP;
-			__builtin_memset(out, 0, 20);
-			out->source = in->dest;
-			out->dest = in->source;
-			out->ack_seq = bpf_htonl(bpf_ntohl(in->seq) + 1 + seg);
-			out->doff = 5;
-			out->rst = 1;
-			out->ack = 1;
+			rl_rst(out, in, seg);
 			*kind = RL_REPLY_RST;
 		} else {
 			struct rl_icmp_err *icmp = (struct rl_icmp_err *)(o + 40);
