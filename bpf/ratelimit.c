@@ -974,7 +974,7 @@ __noinline int rl_decide_all(const struct pkt *p, const struct rl_mask *cand, __
 	struct rl_decision *d;
 	struct rl_walk it;
 	struct rl_config *cfg;
-	bool pass = true, answer = false;
+	bool pass = true;
 	__u32 n = 0, id, zero = 0, wait = 0;
 
 	if (!p || !cand || !depart)
@@ -995,8 +995,6 @@ __noinline int rl_decide_all(const struct pkt *p, const struct rl_mask *cand, __
 		d->m[i].state = rl_check(p, d, i);
 		if (rl_rejects(d->m[i].state))
 			pass = false;
-		if (d->m[i].state == MATCH_REPLY)
-			answer = true;
 		n = i + 1;
 	}
 	if (n == RL_MAX_MATCH && rl_walk_rest_has(&it, cand, cand)) {
@@ -1015,11 +1013,21 @@ __noinline int rl_decide_all(const struct pkt *p, const struct rl_mask *cand, __
 		if (d->m[i].wait_ns > wait)
 			wait = d->m[i].wait_ns;
 	}
-	if (pass && wait)
-		*depart = d->pace_now + wait;
-	if (pass)
+	if (pass) {
+		if (wait)
+			*depart = d->pace_now + wait;
 		return RL_PASS;
-	return answer ? RL_ANSWER : RL_DROP;
+	}
+	/* Whether a limit with action reject rejected it: looked up here,
+	 * not carried through the check loop, where one more flag the
+	 * verifier must track took 6.1's past its 1M instructions. */
+	for (int i = 0; i < RL_MAX_MATCH; i++) {
+		if (i >= n)
+			break;
+		if (d->m[i].state == MATCH_REPLY)
+			return RL_ANSWER;
+	}
+	return RL_DROP;
 }
 
 /* The decision for a packet that matches exactly one limit: the common cases
