@@ -121,17 +121,17 @@ type RejectBudget struct {
 type DemandShares struct {
 	// Interval is the report interval: a node writes its demand at most
 	// once an interval (only when it moved by 10%, or every 10 intervals),
-	// the elected agent publishes an allocation at most once an interval,
-	// and a report is counted an interval after it was written (the time
-	// it may take to reach the elected agent). A change of demand is
+	// the elected agent publishes an allocation at most twice an
+	// interval, and a report is counted half an interval after it was
+	// written (the time it may take to reach the elected agent). A change of demand is
 	// served within about 2 to 3 intervals.
 	// (Optional) 1s..10m; default 15s.
 	// +optional
 	Interval *metav1.Duration `json:"interval,omitempty"`
 
-	// StaleAfter is the age past which an allocation no longer counts:
-	// every node then steps back to its equal share (a decrease at once,
-	// an increase one interval later). The elected agent republishes an
+	// StaleAfter is the allocation's age at which every node is back on
+	// its equal share: the decreases half an interval before it, the
+	// increases at it. The elected agent republishes an
 	// unchanged allocation every third of it.
 	// (Optional) 3 x interval..1h; default 4 x interval.
 	// +optional
