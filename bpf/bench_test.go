@@ -362,6 +362,68 @@ func BenchmarkXDP(b *testing.B) {
 	}
 	b.Run("cpus=2", func(b *testing.B) { benchTwoCPUs(b, base, highLimit, xdpPass) })
 	b.Run("cpus=2-overload", func(b *testing.B) { benchTwoCPUs(b, base, overloadLimit, -1) })
+	b.Run("reject-overload=1", func(b *testing.B) { benchRejectFlood(b, base) })
+}
+
+// benchRejectFlood measures a reject limit under a flood its reply budget
+// cannot answer: the packets are over the limit (overloadLimit) and may be
+// answered (UDP), and the budget, one reply a second, is spent; so each is
+// dropped after the budget refused its reply, counted. That is the path a
+// spoofed flood at a rejecting port takes, whatever its rate. x-drop is the
+// ratio to a drop limit's drop path (overload=1) in the same rounds.
+//
+// A reply rewrites the frame in place for the rest of its test_run call,
+// which then measures something else; a round in which the budget sent one
+// is run again.
+func benchRejectFlood(b *testing.B, base *ebpf.Program) {
+	reject := overloadLimit
+	reject.Action = maps.Reject
+	d := newDatapath(b, maps.Options{})
+	mustSet(b, d, 0, reject)
+	if err := d.SetRejectBudget(maps.RejectBudget{PerSecond: 1, Burst: 1}); err != nil {
+		b.Fatal(err)
+	}
+	dd := newDatapath(b, maps.Options{})
+	mustSet(b, dd, 0, overloadLimit)
+	prog, dropProg := d.Program(), dd.Program()
+	holdInDispatcher(b, prog)
+	holdInDispatcher(b, dropProg)
+	pkt := benchPacket()
+	replies := func(g maps.GlobalStats) uint64 { return g.RejectRST + g.RejectICMP }
+	mustRunNs(b, prog, pkt, 1<<16, -1) // the limit's burst and the budget's reply spent
+	mustRunNs(b, dropProg, pkt, 1<<16, -1)
+	g0, s0 := mustGlobal(b, d), mustStats(b, d, 0)
+	b.ResetTimer()
+
+	n := perRound(b)
+	var ns, ratio, vsDrop []float64
+	for try := 0; len(ns) < rounds; try++ {
+		if try == 3*rounds {
+			b.Fatalf("a reply was sent in %d of %d rounds: not the flood path", try-len(ns), try)
+		}
+		sent := replies(mustGlobal(b, d))
+		bns := mustRunNs(b, base, pkt, n, xdpPass)
+		cns := mustRunNs(b, prog, pkt, n, -1)
+		dns := mustRunNs(b, dropProg, pkt, n, -1)
+		if replies(mustGlobal(b, d)) != sent {
+			continue
+		}
+		ns, ratio, vsDrop = append(ns, cns), append(ratio, cns/bns), append(vsDrop, cns/dns)
+	}
+	b.StopTimer()
+	b.ReportMetric(median(ns), "ns/packet")
+	b.ReportMetric(median(ratio), "x-baseline")
+	b.ReportMetric(median(vsDrop), "x-drop")
+
+	// Every packet dropped but a few that tokens accrued for, and every
+	// dropped one refused by the budget but the few it answered.
+	g, s := mustGlobal(b, d), mustStats(b, d, 0)
+	dropped, refused := s.DroppedPackets-s0.DroppedPackets, g.RejectBudget-g0.RejectBudget
+	admitted, answered := s.AdmittedPackets-s0.AdmittedPackets, replies(g)-replies(g0)
+	if dropped < 99*admitted || refused+answered != dropped || g.RejectUnanswered != g0.RejectUnanswered {
+		b.Fatalf("not the flood path: %d admitted, %d dropped, %d refused by the budget, %d unanswered",
+			admitted, dropped, refused, g.RejectUnanswered-g0.RejectUnanswered)
+	}
 }
 
 func benchCase(b *testing.B, base *ebpf.Program, c xdpCase) {

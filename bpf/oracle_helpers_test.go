@@ -357,23 +357,25 @@ func fillPayload(b []byte, seq uint64) {
 // l4Checksum is the TCP/UDP checksum over the pseudo-header and b, whose
 // checksum field is zero. UDP's 0 is sent as 0xffff.
 func l4Checksum(src, dst netip.Addr, proto uint8, b []byte) uint16 {
-	var ph []byte
-	if src.Is4() {
-		s, d := src.As4(), dst.As4()
-		ph = append(append(ph, s[:]...), d[:]...)
-		ph = append(ph, 0, proto)
-		ph = binary.BigEndian.AppendUint16(ph, uint16(len(b)))
-	} else {
-		s, d := src.As16(), dst.As16()
-		ph = append(append(ph, s[:]...), d[:]...)
-		ph = binary.BigEndian.AppendUint32(ph, uint32(len(b)))
-		ph = append(ph, 0, 0, 0, proto)
-	}
-	sum := ^onesSum(onesSum(0, ph), b)
+	sum := ^onesSum(onesSum(0, pseudo(src, dst, proto, len(b))), b)
 	if sum == 0 && proto == protoUDP {
 		sum = 0xffff
 	}
 	return sum
+}
+
+// pseudo is the pseudo-header of an upper-layer packet of length n (RFC 768,
+// RFC 8200 section 8.1).
+func pseudo(src, dst netip.Addr, proto uint8, n int) []byte {
+	var b []byte
+	if src.Is4() {
+		s, d := src.As4(), dst.As4()
+		b = append(append(b, s[:]...), d[:]...)
+		return append(b, 0, proto, byte(n>>8), byte(n))
+	}
+	s, d := src.As16(), dst.As16()
+	b = append(append(b, s[:]...), d[:]...)
+	return append(b, byte(n>>24), byte(n>>16), byte(n>>8), byte(n), 0, 0, 0, proto)
 }
 
 // onesSum adds b to the ones' complement sum s (RFC 1071), folded.

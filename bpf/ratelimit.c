@@ -1214,6 +1214,24 @@ static __always_inline void rl_answered(__u32 kind)
 	rl_global_count(kind == RL_REPLY_RST ? G_REJECT_RST : G_REJECT_ICMP);
 }
 
+/* The first test of a packet that a limit with action reject dropped: may
+ * it be answered, by what the parser found, and has the budget a reply
+ * left? Cheap, and before any byte is copied, since a flood the budget
+ * cannot answer takes this path on every packet. Counts the packet when it
+ * returns false. */
+static __always_inline bool rl_reply_may(const struct pkt *p)
+{
+	if (!rl_reply_answerable(p)) {
+		rl_global_count(G_REJECT_UNANSWERED);
+		return false;
+	}
+	if (!rl_reject_open()) {
+		rl_global_count(G_REJECT_BUDGET);
+		return false;
+	}
+	return true;
+}
+
 /* The reply to a packet that a limit with action reject dropped, whose
  * first n bytes are in s->in: built in s->out (reject.h) and paid for from
  * the node's budget. Returns its kind, start in s->out and length, packed
@@ -1249,8 +1267,8 @@ __noinline int rl_answer_xdp(struct xdp_md *ctx, const struct pkt *p)
 	__u32 zero = 0, n, off;
 	int r, len, cur, delta;
 
-	if (!ctx || !p)
-		return XDP_DROP;
+	if (!ctx || !p || !rl_reply_may(p))
+		return XDP_DROP;	/* counted */
 	s = bpf_map_lookup_elem(&rl_reply, &zero);
 	if (!s)
 		return XDP_DROP;
@@ -1336,6 +1354,8 @@ __noinline int rl_answer_tc(struct __sk_buff *skb, const struct pkt *p, __u32 ho
 		return TC_ACT_SHOT;
 	if (hook != RL_HOOK_UPLINK_IN)
 		goto unanswered;
+	if (!rl_reply_may(p))
+		return TC_ACT_SHOT;	/* counted */
 	s = bpf_map_lookup_elem(&rl_reply, &zero);
 	if (!s)
 		return TC_ACT_SHOT;

@@ -207,14 +207,21 @@ func (o *over) add(caseNs, refNs, baseNs float64) {
 	o.r = append(o.r, refNs-baseNs)
 }
 
-// report reports the ratio as unit, and fails tb when the reference did not
-// measure above the baseline (nothing to divide by).
+// report reports the ratio as unit. When the reference measured no more
+// than 0.1 ns above the baseline there is nothing to divide by: on a CPU
+// whose test_run is slow and noisy (~30 ns) a floor ~1-2 ns above the parse
+// can measure below it. The ratio is then left out, and said so, and the
+// case's other figures stand.
 func (o *over) report(tb testing.TB, unit string) {
 	tb.Helper()
 	b, ok := tb.(*testing.B)
+	if !ok {
+		tb.Fatalf("%s: report is for benchmarks", o.ref)
+	}
 	d := median(o.r)
-	if d < 0.1 || !ok {
-		tb.Fatalf("%s: %.2f ns/packet beyond the baseline (median of %d rounds): nothing to divide by", o.ref, d, len(o.r))
+	if d < 0.1 {
+		b.Logf("%s not reported: %s measured %.2f ns/packet beyond the baseline (median of %d rounds), nothing to divide by", unit, o.ref, d, len(o.r))
+		return
 	}
 	b.ReportMetric(median(o.c)/d, unit)
 }

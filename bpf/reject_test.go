@@ -11,6 +11,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/google/gopacket"
 	"github.com/google/gopacket/layers"
+	"golang.org/x/sys/unix"
 
 	"github.com/rlagent/rlagent/maps"
 )
@@ -45,42 +46,15 @@ func runOut(tb testing.TB, prog *ebpf.Program, frame []byte) (uint32, []byte) {
 	return ret, opts.DataOut
 }
 
-// onesComplement is the Internet checksum of b (RFC 1071), computed here
-// from scratch: 0 over a message that holds its own checksum.
-func onesComplement(parts ...[]byte) uint16 {
-	var sum uint32
-	var odd []byte
+// residue is the ones' complement of the sum of parts (RFC 1071): 0 over a
+// message that holds its own checksum. Every part but the last is of even
+// length (a pseudo-header), as onesSum's chaining needs.
+func residue(parts ...[]byte) uint16 {
+	var s uint16
 	for _, p := range parts {
-		b := append(odd, p...)
-		odd = nil
-		for len(b) >= 2 {
-			sum += uint32(binary.BigEndian.Uint16(b))
-			b = b[2:]
-		}
-		if len(b) == 1 {
-			odd = []byte{b[0]}
-		}
+		s = onesSum(s, p)
 	}
-	if len(odd) == 1 {
-		sum += uint32(odd[0]) << 8
-	}
-	for sum > 0xffff {
-		sum = sum&0xffff + sum>>16
-	}
-	return ^uint16(sum)
-}
-
-// pseudo is the pseudo-header of an upper-layer packet of length n.
-func pseudo(src, dst netip.Addr, proto uint8, n int) []byte {
-	var b []byte
-	if src.Is4() {
-		s, d := src.As4(), dst.As4()
-		b = append(append(b, s[:]...), d[:]...)
-		return append(b, 0, proto, byte(n>>8), byte(n))
-	}
-	s, d := src.As16(), dst.As16()
-	b = append(append(b, s[:]...), d[:]...)
-	return append(b, byte(n>>24), byte(n>>16), byte(n>>8), byte(n), 0, 0, 0, proto)
+	return ^s
 }
 
 // reply is a decoded reply, its checksums verified.
@@ -133,15 +107,15 @@ func decodeReply(tb testing.TB, orig, b []byte) reply {
 		if v4.IHL != 5 || v4.TTL != 64 || int(v4.Length) != len(r.l3) {
 			tb.Errorf("IPv4 header: ihl %d, ttl %d, length %d of %d", v4.IHL, v4.TTL, v4.Length, len(r.l3))
 		}
-		if c := onesComplement(r.l3[:20]); c != 0 {
+		if c := residue(r.l3[:20]); c != 0 {
 			tb.Errorf("IPv4 header checksum %#04x is wrong (residue %#04x)", v4.Checksum, c)
 		}
 		upper, proto = r.l3[20:], uint8(v4.Protocol)
 		if proto == protoTCP {
-			if c := onesComplement(pseudo(src, dst, proto, len(upper)), upper); c != 0 {
+			if c := residue(pseudo(src, dst, proto, len(upper)), upper); c != 0 {
 				tb.Errorf("TCP checksum wrong (residue %#04x)", c)
 			}
-		} else if c := onesComplement(upper); c != 0 {
+		} else if c := residue(upper); c != 0 {
 			tb.Errorf("ICMP checksum wrong (residue %#04x)", c)
 		}
 	} else if ip := p.Layer(layers.LayerTypeIPv6); ip != nil {
@@ -153,7 +127,7 @@ func decodeReply(tb testing.TB, orig, b []byte) reply {
 			tb.Errorf("IPv6 header: hop limit %d, payload length %d of %d", v6.HopLimit, v6.Length, len(r.l3)-40)
 		}
 		upper, proto = r.l3[40:], uint8(v6.NextHeader)
-		if c := onesComplement(pseudo(src, dst, proto, len(upper)), upper); c != 0 {
+		if c := residue(pseudo(src, dst, proto, len(upper)), upper); c != 0 {
 			tb.Errorf("%v checksum wrong (residue %#04x)", v6.NextHeader, c)
 		}
 	} else {
@@ -386,7 +360,10 @@ func TestRejectUnanswered(t *testing.T) {
 }
 
 // TestRejectBudget: the node's budget bounds the replies, whatever the
-// packets; beyond it a reject is a drop, counted; a budget of 0 sends none.
+// packets: its burst at once, then its rate; beyond it a reject is a drop,
+// counted; a rewrite hands out no fresh burst; a budget of 0 sends none.
+// On the test clock, which the budget runs on as the limits do, so that
+// every count is exact.
 func TestRejectBudget(t *testing.T) {
 	d := testDatapath(t)
 	mustSet(t, d, 1, rejectAll(maps.TCP))
@@ -395,22 +372,27 @@ func TestRejectBudget(t *testing.T) {
 		t.Fatal(err)
 	}
 	syn := pkt{src: "192.0.2.1", dst: "198.51.100.7", proto: protoTCP, sport: 40001, dport: 22, tcpFlags: tcpSYN}.bytes()
-	before, _ := d.GlobalStats()
-	began := time.Now()
-	tx := 0
-	for range n {
-		if v, _ := runOut(t, d.Program(), syn); v == xdpTX {
-			tx++
-		} else if v != xdpDrop {
-			t.Fatalf("verdict %d", v)
+	count := func(n int) (tx int) {
+		for range n {
+			if v, _ := runOut(t, d.Program(), syn); v == xdpTX {
+				tx++
+			} else if v != xdpDrop {
+				t.Fatalf("verdict %d", v)
+			}
 		}
+		return tx
 	}
-	wall := time.Since(began)
-	after, _ := d.GlobalStats()
-	most := burst + int(wall.Seconds()*rate) + 1
-	t.Logf("%d SYNs in %v: %d answered (budget %d/s, burst %d: at most %d), %d over budget", n, wall, tx, rate, burst, most, after.RejectBudget-before.RejectBudget)
-	if tx < burst || tx > most {
-		t.Errorf("%d answered, want between the burst %d and %d", tx, burst, most)
+
+	// 2,000 SYNs over 2 s, one a millisecond: the burst, then one reply
+	// every 10 ms.
+	before := mustGlobal(t, d)
+	setClock(t, d, 1e9, 1e6)
+	tx := count(n)
+	after := mustGlobal(t, d)
+	want := burst + n/10
+	t.Logf("%d SYNs over 2 s: %d answered (budget %d/s, burst %d), %d over budget", n, tx, rate, burst, after.RejectBudget-before.RejectBudget)
+	if tx < want-1 || tx > want+1 {
+		t.Errorf("%d answered, want the burst and 2 s of the rate, %d (+-1)", tx, want)
 	}
 	if got := after.RejectRST - before.RejectRST; got != uint64(tx) {
 		t.Errorf("reject_rst counted %d, %d were sent", got, tx)
@@ -421,18 +403,28 @@ func TestRejectBudget(t *testing.T) {
 	if s := mustStats(t, d, 1); s.DroppedPackets != n {
 		t.Errorf("the limit counted %d dropped, want %d: an answered packet is a dropped one", s.DroppedPackets, n)
 	}
-	// A rewrite of the budget hands out no fresh burst: at twice the
-	// rate, the same burst is half the time, which the replies sent
-	// already fill.
+
+	// The clock stands. A rewrite of the budget hands out no fresh burst:
+	// at twice the rate, the same burst is half the time, which the
+	// replies sent already fill.
+	now, err := d.TestClock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	setClock(t, d, now, 0)
+	if tx := count(burst); tx != 0 {
+		t.Errorf("the budget spent and the clock standing: %d answered, want 0", tx)
+	}
 	if err := d.SetRejectBudget(maps.RejectBudget{PerSecond: 2 * rate, Burst: burst}); err != nil {
 		t.Fatal(err)
 	}
-	if v, _ := runOut(t, d.Program(), syn); v == xdpTX && time.Since(began) < 50*time.Millisecond {
-		t.Errorf("answered right after the budget was rewritten: the rewrite handed out a fresh burst")
+	if tx := count(10); tx != 0 {
+		t.Errorf("answered %d right after the budget was rewritten: the rewrite handed out a fresh burst", tx)
 	}
 	if err := d.SetRejectBudget(maps.RejectBudget{}); err != nil {
 		t.Fatal(err)
 	}
+	setClock(t, d, 100e9, 1e9)
 	for range 10 {
 		if v, _ := runOut(t, d.Program(), syn); v != xdpDrop {
 			t.Fatalf("budget 0: verdict %d, want %d", v, xdpDrop)
@@ -442,6 +434,41 @@ func TestRejectBudget(t *testing.T) {
 		if err := d.SetRejectBudget(bad); err == nil {
 			t.Errorf("SetRejectBudget(%+v) accepted", bad)
 		}
+	}
+}
+
+// TestRejectBudgetTick: on the production clock, which moves a jiffy at a
+// time, a budget whose burst is less than a tick of its rate still has the
+// whole rate (the burst is raised to a tick of it): 100,000/s with a burst
+// of 1 answers a tick's worth of SYNs sent as fast as test_run goes, where a
+// GCRA of a 10 us tolerance on a 4 ms clock would answer about one a tick.
+// And no more than the rate over the run and that raised burst.
+func TestRejectBudgetTick(t *testing.T) {
+	d := newDatapath(t, maps.Options{XDPOnly: true})
+	mustSet(t, d, 1, rejectAll(maps.TCP))
+	const rate, n = maps.MaxRejectRate, 2000
+	if err := d.SetRejectBudget(maps.RejectBudget{PerSecond: rate, Burst: 1}); err != nil {
+		t.Fatal(err)
+	}
+	var res unix.Timespec
+	if err := unix.ClockGetres(unix.CLOCK_MONOTONIC_COARSE, &res); err != nil {
+		t.Fatal(err)
+	}
+	tick := time.Duration(res.Nano())
+	tickWorth := int(tick.Seconds() * rate)
+	syn := pkt{src: "192.0.2.1", dst: "198.51.100.7", proto: protoTCP, sport: 40001, dport: 22, tcpFlags: tcpSYN}.bytes()
+	began := time.Now()
+	tx := 0
+	for range n {
+		if v, _ := runOut(t, d.Program(), syn); v == xdpTX {
+			tx++
+		}
+	}
+	wall := time.Since(began)
+	most := tickWorth + int((wall+tick).Seconds()*rate) + 1
+	t.Logf("%d SYNs in %v (tick %v): %d answered, want at least %d, at most %d", n, wall, tick, tx, min(n, tickWorth), most)
+	if tx < min(n, tickWorth) || tx > most {
+		t.Errorf("%d answered, want between a tick's worth of the rate %d and %d", tx, min(n, tickWorth), most)
 	}
 }
 

@@ -76,9 +76,12 @@ type Options struct {
 
 // Datapath is a loaded data path.
 type Datapath struct {
-	objs  bpf.RatelimitObjects
-	opts  Options
-	ncpu  int
+	objs bpf.RatelimitObjects
+	opts Options
+	ncpu int
+	// tick is how far the clock moves at a time, in ns: a jiffy for the
+	// jiffies and coarse clocks, 0 for the precise ones.
+	tick  uint64
 	state *classifier
 	// limits mirrors what is written to rl_limits, by id.
 	limits map[uint32]*installed
@@ -121,13 +124,17 @@ func Load(opts Options) (*Datapath, error) {
 	if err := spec.Variables["rl_clock_src"].Set(uint32(opts.Clock.kind())); err != nil {
 		return nil, fmt.Errorf("set clock: %w", err)
 	}
-	if opts.Clock == ClockJiffies {
+	var tick uint64
+	if opts.Clock == ClockJiffies || opts.Clock == ClockCoarse {
 		var res unix.Timespec
 		// The resolution of the coarse clock is one tick: the length of a jiffy.
 		if err := unix.ClockGetres(unix.CLOCK_MONOTONIC_COARSE, &res); err != nil {
 			return nil, fmt.Errorf("read jiffy length: %w", err)
 		}
-		if err := spec.Variables["rl_ns_per_jiffy"].Set(uint64(res.Nano())); err != nil {
+		tick = uint64(res.Nano())
+	}
+	if opts.Clock == ClockJiffies {
+		if err := spec.Variables["rl_ns_per_jiffy"].Set(tick); err != nil {
 			return nil, fmt.Errorf("set jiffy length: %w", err)
 		}
 	}
@@ -142,7 +149,7 @@ func Load(opts Options) (*Datapath, error) {
 		return nil, fmt.Errorf("set tombstone mask: %w", err)
 	}
 
-	d := &Datapath{opts: opts, ncpu: ncpu, limits: make(map[uint32]*installed), spec: spec}
+	d := &Datapath{opts: opts, ncpu: ncpu, tick: tick, limits: make(map[uint32]*installed), spec: spec}
 	var copts ebpf.CollectionOptions
 	var prev string // the current layout's directory, if another
 	fresh := false  // the layout's maps are created now

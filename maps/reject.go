@@ -15,6 +15,11 @@ const MaxRejectRate = 100_000
 // RejectBudget is the node's budget of replies to packets that limits with
 // action Reject dropped, spent by every CPU: at most Burst at once, then
 // PerSecond. A PerSecond of 0 sends none (every reject is a drop).
+//
+// The budget runs on the data path's clock, which moves a jiffy (a tick,
+// 1-10 ms) at a time: the burst is at least a tick's worth of the rate
+// (PerSecond / HZ: 4 at 1,000/s and HZ 250), and over any time T at most
+// PerSecond x (T + a tick) + that burst are sent.
 type RejectBudget struct {
 	PerSecond uint32
 	Burst     uint32
@@ -44,7 +49,10 @@ func (d *Datapath) SetRejectBudget(b RejectBudget) error {
 	next.IntervalNs, next.ToleranceNs = 0, 0
 	if b.PerSecond > 0 {
 		next.IntervalNs = uint64(time.Second) / uint64(b.PerSecond)
-		next.ToleranceNs = uint64(b.Burst) * next.IntervalNs
+		// The data path's clock moves a tick at a time, and within a
+		// tick a GCRA allows no more than its tolerance: at least a
+		// tick of it, so that the whole rate can be had.
+		next.ToleranceNs = max(uint64(b.Burst)*next.IntervalNs, d.tick)
 	}
 	if next.IntervalNs == cur.IntervalNs && next.ToleranceNs == cur.ToleranceNs {
 		return nil

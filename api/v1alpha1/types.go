@@ -108,7 +108,9 @@ type RejectBudget struct {
 	// +optional
 	Rate *uint32 `json:"rate,omitempty"`
 
-	// Burst is the replies that may go at once.
+	// Burst is the replies that may go at once. The budget runs on the
+	// kernel's tick (jiffies): a tick's worth of the rate (rate / HZ) is
+	// allowed at once if that is more.
 	// (Optional) 1..rate; default 50 (net.ipv4.icmp_msgs_burst), or the
 	// rate if that is less.
 	// +optional

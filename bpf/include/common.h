@@ -354,7 +354,7 @@ struct rl_global_stats {
 struct rl_reject_budget {
 	__u64 tat;		/* the theoretical arrival time of the next reply, ns */
 	__u64 interval_ns;	/* 1e9 / the replies per second; 0: no replies */
-	__u64 tolerance_ns;	/* burst x interval: how far tat may run ahead */
+	__u64 tolerance_ns;	/* burst x interval, at least a tick: how far tat may run ahead */
 };
 
 /* What the agent knows of a limit, for `rlagent status` to read from the

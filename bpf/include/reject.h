@@ -36,6 +36,7 @@
 
 #include "common.h"
 #include "parse.h"
+#include "clock.h"
 
 #define RL_REPLY_IN 96		/* bytes of the packet read: L2 (up to 30) + IPv6 + TCP */
 #define RL_REPLY_L2MAX (14 + 4 * RL_MAX_VLAN)
@@ -99,10 +100,16 @@ struct {
 } rl_reply SEC(".maps");
 
 /* The node's reply budget, spent by every CPU: a GCRA. tat is the
- * theoretical arrival time of the next reply (ns, bpf_ktime_get_ns); a
- * reply is allowed when tat, moved on by one interval, is at most
- * tolerance ahead of now. User space writes interval and tolerance
- * (rl_reject_budget); interval 0: no replies. */
+ * theoretical arrival time of the next reply, on rl_clock_read's time line
+ * (jiffies in production); a reply is allowed when tat, moved on by one
+ * interval, is at most tolerance ahead of now. User space writes interval
+ * and tolerance (rl_reject_budget), the tolerance at least one tick, so that
+ * a clock that moves a tick at a time still allows the whole rate; interval
+ * 0: no replies.
+ *
+ * Not bpf_ktime_get_ns: a flood that the budget cannot answer reads the
+ * clock on every packet, and the precise clock costs 4-5 times a drop there
+ * (docs/benchmarks.md, reject-overload=1), where jiffies cost about one. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
@@ -110,6 +117,24 @@ struct {
 	__type(value, struct rl_reject_budget);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } rl_reject SEC(".maps");
+
+/* Whether the budget holds a reply at now: tat, moved on by one interval,
+ * at most tolerance ahead. */
+static __always_inline bool rl_reject_fits(const struct rl_reject_budget *b, __u64 tat, __u64 now)
+{
+	return (tat > now ? tat : now) + b->interval_ns - now <= b->tolerance_ns;
+}
+
+/* Whether the budget has a reply left, spending none: read only, so that a
+ * flood the budget cannot answer never writes the line every CPU reads. */
+static __always_inline bool rl_reject_open(void)
+{
+	struct rl_reject_budget *b;
+	__u32 zero = 0;
+
+	b = bpf_map_lookup_elem(&rl_reject, &zero);
+	return b && b->interval_ns && rl_reject_fits(b, READ_ONCE_U64(b->tat), rl_clock_read());
+}
 
 /* Spends one reply of the budget; false when it is spent. */
 static __always_inline bool rl_reject_spend(void)
@@ -121,14 +146,13 @@ static __always_inline bool rl_reject_spend(void)
 	b = bpf_map_lookup_elem(&rl_reject, &zero);
 	if (!b || !b->interval_ns)
 		return false;
-	now = bpf_ktime_get_ns();
+	now = rl_clock_read();
 	for (int i = 0; i < 4; i++) {
 		__u64 tat = READ_ONCE_U64(b->tat);
-		__u64 next = (tat > now ? tat : now) + b->interval_ns;
 
-		if (next - now > b->tolerance_ns)
+		if (!rl_reject_fits(b, tat, now))
 			return false;
-		if (__sync_val_compare_and_swap(&b->tat, tat, next) == tat)
+		if (__sync_val_compare_and_swap(&b->tat, tat, (tat > now ? tat : now) + b->interval_ns) == tat)
 			return true;
 	}
 	return false;	/* contended: as spent */
@@ -174,6 +198,21 @@ static __always_inline bool rl_unicast6(const __u8 *a)
 	return true;
 }
 
+/* Whether the parser's view of a packet lets it be answered: a TCP SYN (no
+ * ACK, RST or FIN) or a UDP datagram, whole (no fragment, one segment),
+ * between unicast addresses. rl_reply_fill checks the frame's own bytes
+ * again, and what only they hold (MAC addresses, IPv4 options). */
+static __always_inline bool rl_reply_answerable(const struct pkt *p)
+{
+	if (p->rare || p->segs != 1)
+		return false;
+	if (p->proto == IPPROTO_TCP ? !p->syn : p->proto != IPPROTO_UDP || !p->has_ports)
+		return false;
+	if (p->family == 4)
+		return rl_unicast4(p->src[3]) && rl_unicast4(p->dst[3]);
+	return p->family == 6 && rl_unicast6((const __u8 *)p->src) && ((const __u8 *)p->dst)[0] != 0xff;
+}
+
 /* Writes at out the RST/ACK that answers the SYN in, which carries seg
  * bytes of payload. */
 static __always_inline void rl_rst(struct tcphdr *out, const struct tcphdr *in, __u32 seg)
@@ -198,14 +237,8 @@ static __always_inline int rl_reply_fill(struct rl_reply_scratch *s, const struc
 	__u8 *o, *ip;
 
 	*kind = RL_REPLY_NONE;
-	if (p->frag != RL_FRAG_NONE || p->l4_unknown || p->segs != 1 || n < 14 || n > RL_REPLY_IN)
+	if (!rl_reply_answerable(p) || n < 14 || n > RL_REPLY_IN)
 		return 0;
-	if (p->proto == IPPROTO_TCP) {
-		if (!p->syn)
-			return 0;
-	} else if (p->proto != IPPROTO_UDP || !p->has_ports) {
-		return 0;
-	}
 	/* Broadcast or multicast frame, or a multicast source MAC. */
 	if ((s->in[0] & 1) || (s->in[6] & 1))
 		return 0;
