@@ -850,6 +850,9 @@ func linksNotReady(ns *NS) ([]string, error) {
 	}
 	defer nl.Close()
 	links, err := nl.LinkList()
+	if errors.Is(err, netlink.ErrDumpInterrupted) {
+		return []string{"links (dump interrupted)"}, nil // changed during the dump: look again
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%s: list links: %w", ns.Name, err)
 	}
@@ -872,6 +875,11 @@ func linksNotReady(ns *NS) ([]string, error) {
 		}
 	}
 	addrs, err := nl.AddrList(nil, netlink.FAMILY_ALL)
+	if errors.Is(err, netlink.ErrDumpInterrupted) {
+		// The addresses changed during the dump (the kernel is still
+		// setting the namespace up): not ready, look again.
+		return append(waiting, "addresses (dump interrupted)"), nil
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%s: list addresses: %w", ns.Name, err)
 	}
