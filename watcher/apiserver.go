@@ -17,15 +17,22 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 )
 
 // The Service whose endpoints are the API servers: every cluster has it,
-// and the API servers themselves keep its EndpointSlices current.
+// and the API servers' own endpoint reconciler keeps its endpoints current
+// in the EndpointSlice of the same name, default/kubernetes. That one object
+// is all the agent reads: any other slice labelled with the Service's name
+// is written by someone else (a namespace-level write), and must not widen
+// every node's protect list. Whoever can update default/kubernetes itself
+// can already send every in-cluster client elsewhere.
 const (
 	apiServerNamespace = metav1.NamespaceDefault
 	apiServerService   = "kubernetes"
+	apiServerSlice     = apiServerService
 )
 
 // APIServerConfig configures APIServer.
@@ -36,8 +43,9 @@ type APIServerConfig struct {
 	// Client, when set, means that Host is the ClusterIP of the Service
 	// default/kubernetes (the in-cluster config): kube-proxy translates it
 	// to an API server's own address before the packets leave the node, so
-	// the addresses to follow are that Service's endpoints, read from its
-	// EndpointSlices with Client. Nil: Host is what the packets carry.
+	// the addresses to follow are that Service's endpoints, read with Client
+	// from the EndpointSlice the API servers write, default/kubernetes, and
+	// no other. Nil: Host is what the packets carry.
 	Client kubernetes.Interface
 	// Resolve looks a host name up (default: the system resolver).
 	Resolve func(ctx context.Context, host string) ([]netip.Addr, error)
@@ -53,10 +61,10 @@ type APIServerConfig struct {
 // agent can protect them from every limit.
 //
 // It has two modes. With a Client (the agent runs in a pod), it watches the
-// EndpointSlices of the Service default/kubernetes, and only those (one
-// list and one watch, filtered by namespace and label, whatever the size of
-// the cluster). Without one, it protects Host itself, resolving a host name
-// at start and every ResolveEvery.
+// EndpointSlice default/kubernetes, and only that object (one list and one
+// watch, filtered by namespace and name, whatever the size of the cluster).
+// Without one, it protects Host itself, resolving a host name at start and
+// every ResolveEvery.
 //
 // As everywhere in this package, the last good observation is state: a
 // failed watch or lookup keeps the endpoints last seen.
@@ -88,8 +96,9 @@ func NewAPIServer(cfg APIServerConfig) (*APIServer, error) {
 	}
 	s := &APIServer{cfg: cfg, log: cfg.Log}
 	if cfg.Client != nil {
+		byName := fields.OneTermEqualSelector("metadata.name", apiServerSlice).String()
 		lw := cache.NewFilteredListWatchFromClient(cfg.Client.DiscoveryV1().RESTClient(), "endpointslices", apiServerNamespace,
-			func(o *metav1.ListOptions) { o.LabelSelector = discoveryv1.LabelServiceName + "=" + apiServerService })
+			func(o *metav1.ListOptions) { o.FieldSelector = byName })
 		s.inf = cache.NewSharedIndexInformer(lw, &discoveryv1.EndpointSlice{}, 0, cache.Indexers{})
 		s.inf.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
 			s.log.Warn("watch of the API server's endpoints failed; the last ones stand", "error", err)
@@ -138,7 +147,7 @@ func splitHost(h string) (string, uint16, error) {
 func (s *APIServer) Describe() string {
 	switch {
 	case s.inf != nil:
-		return "endpoints of Service " + apiServerNamespace + "/" + apiServerService
+		return "EndpointSlice " + apiServerNamespace + "/" + apiServerSlice + " (the API servers' own)"
 	case s.name != "":
 		return "host " + s.name + " of the kubeconfig, resolved"
 	}
@@ -204,14 +213,16 @@ func (s *APIServer) runSlices(ctx context.Context, notify func()) {
 	}
 }
 
-// sliceEndpoints returns every address and TCP port of the slices, sorted
-// and without duplicates. Every endpoint counts, ready or not: a connection
-// that is already open keeps going to an endpoint that is terminating.
+// sliceEndpoints returns every address and TCP port of the API servers'
+// slice, default/kubernetes, sorted and without duplicates; other slices
+// among objs count for nothing (the watch selects that one by name
+// already). Every endpoint counts, ready or not: a connection that is
+// already open keeps going to an endpoint that is terminating.
 func sliceEndpoints(objs []any) []netip.AddrPort {
 	var out []netip.AddrPort
 	for _, obj := range objs {
 		sl, ok := obj.(*discoveryv1.EndpointSlice)
-		if !ok || sl.AddressType == discoveryv1.AddressTypeFQDN {
+		if !ok || sl.Namespace != apiServerNamespace || sl.Name != apiServerSlice || sl.AddressType == discoveryv1.AddressTypeFQDN {
 			continue
 		}
 		var ports []uint16

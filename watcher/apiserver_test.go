@@ -96,10 +96,14 @@ func apiSlice(ns, name, service string, typ discoveryv1.AddressType, port int32,
 }
 
 // TestAPIServerEndpointsFromSlices follows the endpoints of the Service
-// default/kubernetes on a real API server: the addresses and ports the
-// packets carry, not the ClusterIP; other Services' slices and slices of a
-// "kubernetes" Service in another namespace are ignored; a change is seen
-// and notified; and the watcher reads nothing but those slices.
+// default/kubernetes on a real API server, from the one EndpointSlice the
+// API servers write, default/kubernetes: the addresses and ports the
+// packets carry, not the ClusterIP. Other Services' slices, a "kubernetes"
+// slice in another namespace and, above all, other slices in default
+// labelled as the Service's (anyone who may write EndpointSlices in default
+// can make one) are ignored: they never widen the protect list. A change of
+// the named slice is seen and notified; and the watcher reads nothing but
+// that object.
 func TestAPIServerEndpointsFromSlices(t *testing.T) {
 	env := k8stest.Start(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
@@ -113,8 +117,10 @@ func TestAPIServerEndpointsFromSlices(t *testing.T) {
 		}
 	}
 	// The bare API server runs with --endpoint-reconciler-type=none: no
-	// slice of default/kubernetes yet. That is known, with no endpoints
-	// (the agent warns that the connection is not protected).
+	// slice default/kubernetes yet. That is known, with no endpoints (the
+	// agent warns that the connection is not protected), and a slice that
+	// only carries the Service's label changes nothing.
+	create(apiSlice("default", "kubernetes-extra", "kubernetes", discoveryv1.AddressTypeIPv4, 6443, "198.51.100.7"))
 	empty, err := NewAPIServer(APIServerConfig{Host: "https://10.96.0.1:443", Client: admin})
 	if err != nil {
 		t.Fatal(err)
@@ -125,7 +131,7 @@ func TestAPIServerEndpointsFromSlices(t *testing.T) {
 	waitEndpoints(t, empty, en, nil)
 	ecancel()
 
-	// The test writes the slices the API servers would.
+	// The test writes the slice the API servers would.
 	create(apiSlice("default", "kubernetes", "kubernetes", discoveryv1.AddressTypeIPv4, 6443, "192.0.2.10"))
 	create(apiSlice("default", "other", "other", discoveryv1.AddressTypeIPv4, 443, "203.0.113.1"))
 	create(apiSlice(ns, "kubernetes", "kubernetes", discoveryv1.AddressTypeIPv4, 443, "203.0.113.2"))
@@ -145,7 +151,19 @@ func TestAPIServerEndpointsFromSlices(t *testing.T) {
 	go s.Run(ctx, n.notify)
 	waitEndpoints(t, s, n, addrPorts("192.0.2.10:6443"))
 
-	// A second API server, and an IPv6 slice.
+	// Another slice with the Service's label and other addresses, IPv4
+	// and IPv6, does not widen the list: no notification, the same
+	// endpoints.
+	before := n.n.Load()
+	create(apiSlice("default", "kubernetes-v6", "kubernetes", discoveryv1.AddressTypeIPv6, 6443, "2001:db8::66"))
+	create(apiSlice("default", "kubernetes-wide", "kubernetes", discoveryv1.AddressTypeIPv4, 22, "192.0.2.66"))
+	time.Sleep(time.Second)
+	if got, _ := s.Endpoints(); n.n.Load() != before || !slices.Equal(got, addrPorts("192.0.2.10:6443")) {
+		t.Errorf("slices labelled kubernetes.io/service-name=kubernetes but not named kubernetes: endpoints %v after %d notifications, want 192.0.2.10:6443 and none",
+			got, n.n.Load()-before)
+	}
+
+	// A second API server in the named slice: followed.
 	sl, err := admin.DiscoveryV1().EndpointSlices("default").Get(ctx, "kubernetes", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -154,33 +172,33 @@ func TestAPIServerEndpointsFromSlices(t *testing.T) {
 	if _, err := admin.DiscoveryV1().EndpointSlices("default").Update(ctx, sl, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	create(apiSlice("default", "kubernetes-v6", "kubernetes", discoveryv1.AddressTypeIPv6, 6443, "2001:db8::10"))
-	waitEndpoints(t, s, n, addrPorts("192.0.2.10:6443", "192.0.2.11:6443", "[2001:db8::10]:6443"))
+	waitEndpoints(t, s, n, addrPorts("192.0.2.10:6443", "192.0.2.11:6443"))
 
-	// The IPv4 slice goes: only the IPv6 endpoint is left.
+	// The named slice goes: nothing is left, the other labelled slices
+	// notwithstanding.
 	if err := admin.DiscoveryV1().EndpointSlices("default").Delete(ctx, "kubernetes", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitEndpoints(t, s, n, addrPorts("[2001:db8::10]:6443"))
+	waitEndpoints(t, s, n, nil)
 
 	// A change elsewhere is not a change: no notification.
-	before := n.n.Load()
+	before = n.n.Load()
 	create(apiSlice("default", "other-2", "other", discoveryv1.AddressTypeIPv4, 443, "203.0.113.3"))
 	time.Sleep(time.Second)
 	if got := n.n.Load(); got != before {
 		t.Errorf("another Service's slice notified %d times", got-before)
 	}
 
-	// Tiny API load: one list and watches, all of default/kubernetes's
-	// slices only.
+	// Tiny API load: one list and watches, of the one object
+	// default/kubernetes.
 	reqs := log.all()
 	if len(reqs) == 0 {
 		t.Fatal("no request recorded")
 	}
 	for _, r := range reqs {
 		if !strings.HasPrefix(r, "GET /apis/discovery.k8s.io/v1/namespaces/default/endpointslices?") ||
-			!strings.Contains(r, "labelSelector=kubernetes.io%2Fservice-name%3Dkubernetes") {
-			t.Errorf("request beyond the Service's slices: %s", r)
+			!strings.Contains(r, "fieldSelector=metadata.name%3Dkubernetes") {
+			t.Errorf("request beyond the slice default/kubernetes: %s", r)
 		}
 	}
 	t.Logf("%d requests: %v", len(reqs), reqs)
