@@ -433,7 +433,8 @@ func (k *Kubernetes) syncObservation(name string) bool {
 }
 
 // serviceEndpoints counts a Service's ready endpoints (namespace/name), all
-// and on this node, from its EndpointSlices.
+// and on this node, from its EndpointSlices that the EndpointSlice
+// controller wrote (sliceWatch holds no others).
 func (k *Kubernetes) serviceEndpoints(svc string) (total int, local []Endpoint, ports []EndpointPort) {
 	ns, name, _ := strings.Cut(svc, "/")
 	seen := make(map[string]bool)
@@ -460,11 +461,13 @@ func (k *Kubernetes) serviceEndpoints(svc string) (total int, local []Endpoint, 
 			}
 			seen[e.Addresses[0]] = true
 			total++
+			// The first address only, as the API allows (they are
+			// fungible; the controller writes one): an endpoint weighs one
+			// on its node, however many addresses a slice lists for it,
+			// so no node's weight exceeds the count.
 			if e.NodeName != nil && *e.NodeName == k.cfg.NodeName {
-				for _, a := range e.Addresses {
-					if addr, err := netip.ParseAddr(a); err == nil {
-						local = append(local, Endpoint{Addr: addr})
-					}
+				if addr, err := netip.ParseAddr(e.Addresses[0]); err == nil {
+					local = append(local, Endpoint{Addr: addr})
 				}
 			}
 		}

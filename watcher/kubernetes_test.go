@@ -124,11 +124,23 @@ func ep(addr, node string, ready bool) discoveryv1.Endpoint {
 	return discoveryv1.Endpoint{Addresses: []string{addr}, NodeName: ptr.To(node), Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(ready)}}
 }
 
-// putSlice creates or replaces an EndpointSlice of Service svc.
+// putSlice creates or replaces an EndpointSlice of Service svc, as the
+// EndpointSlice controller would (its managed-by label).
 func putSlice(t *testing.T, env *k8stest.Env, ns, svc, name string, port int32, eps ...discoveryv1.Endpoint) {
 	t.Helper()
+	putSliceBy(t, env, ns, svc, name, "endpointslice-controller.k8s.io", port, eps...)
+}
+
+// putSliceBy is putSlice with the label endpointslice.kubernetes.io/managed-by
+// set to managedBy ("": no label, a slice written by hand).
+func putSliceBy(t *testing.T, env *k8stest.Env, ns, svc, name, managedBy string, port int32, eps ...discoveryv1.Endpoint) {
+	t.Helper()
+	labels := map[string]string{discoveryv1.LabelServiceName: svc}
+	if managedBy != "" {
+		labels[discoveryv1.LabelManagedBy] = managedBy
+	}
 	s := &discoveryv1.EndpointSlice{
-		ObjectMeta:  metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{discoveryv1.LabelServiceName: svc}},
+		ObjectMeta:  metav1.ObjectMeta{Namespace: ns, Name: name, Labels: labels},
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Ports:       []discoveryv1.EndpointPort{{Port: ptr.To(port), Protocol: ptr.To(corev1.ProtocolUDP)}},
 		Endpoints:   eps,
@@ -198,6 +210,61 @@ func TestKubernetesServiceScope(t *testing.T) {
 	if got := s.k.WatchStats()["endpointslices"].Events - events; got != 1 {
 		t.Errorf("the agent received %d EndpointSlice events for 40 changes of other Services and 1 of its own, want 1", got)
 	}
+}
+
+// TestKubernetesServiceScopeControllerSlicesOnly: a Service's count and its
+// nodes' weights come from the EndpointSlice controller's slices only. A
+// slice written by hand (no managed-by label), one mirrored from
+// hand-written Endpoints and one another tool manages, all with the
+// Service's label and endpoints on this node, count for nothing, before or
+// after they change; the agent does not even receive them. An endpoint
+// with several addresses weighs one on its node.
+func TestKubernetesServiceScopeControllerSlicesOnly(t *testing.T) {
+	env := sharedEnv(t)
+	ns := env.Namespace(t)
+	// The controller's slice, one endpoint of which lists three addresses:
+	// it weighs one on its node. (A Service name no other test uses: the
+	// watch selects by name in every namespace.)
+	multi := ep("10.0.0.1", "node-a", true)
+	multi.Addresses = append(multi.Addresses, "10.0.0.5", "10.0.0.6")
+	putSlice(t, env, ns, "shop", "shop-1", 8080, multi, ep("10.0.0.2", "node-b", true))
+	putSliceBy(t, env, ns, "shop", "shop-by-hand", "", 8080, ep("10.0.9.1", "node-a", true), ep("10.0.9.2", "node-a", true), ep("10.0.9.3", "node-a", true))
+	putSliceBy(t, env, ns, "shop", "shop-mirrored", "endpointslicemirroring-controller.k8s.io", 8080, ep("10.0.8.1", "node-a", true), ep("10.0.8.2", "node-a", true))
+	putSliceBy(t, env, ns, "shop", "shop-tool", "some-tool.example.com", 9090, ep("10.0.7.1", "node-a", true))
+	createRL(t, env, rateLimit("controller-only", map[string]any{
+		"rate": int64(90), "scope": "service", "match": map[string]any{"service": ns + "/shop"},
+	}))
+	s := startSource(t, env, ns, "node-a")
+	waitUntil(t, "shop's slices", func() bool { return s.k.Observe("controller-only").Replicas > 0 })
+	check := func(when string) {
+		t.Helper()
+		o := s.k.Observe("controller-only")
+		local, ports := s.k.LocalEndpoints("controller-only")
+		want := []Endpoint{{netip.MustParseAddr("10.0.0.1")}}
+		if o.Replicas != 2 || o.Local != 1 || fmt.Sprint(local) != fmt.Sprint(want) || fmt.Sprint(ports) != fmt.Sprint([]EndpointPort{{corev1.ProtocolUDP, 8080}}) {
+			t.Errorf("%s: count %d, %d on node-a, local endpoints %v, ports %v; want the controller's slice only: 2, 1, %v, [UDP 8080]",
+				when, o.Replicas, o.Local, local, ports, want)
+		}
+	}
+	check("at start")
+	if st := s.k.WatchStats()["endpointslices"]; st.Listed != 1 {
+		t.Errorf("the agent listed %d EndpointSlices, want the controller's 1 of shop's 4", st.Listed)
+	}
+
+	// The others change, and one more comes by hand: nothing reaches the
+	// agent, the count stands. Then the controller's slice changes: seen.
+	events := s.k.WatchStats()["endpointslices"].Events
+	putSliceBy(t, env, ns, "shop", "shop-by-hand", "", 8080, ep("10.0.9.1", "node-a", true), ep("10.0.9.4", "node-a", true))
+	putSliceBy(t, env, ns, "shop", "shop-by-hand-2", "", 8080, ep("10.0.6.1", "node-a", true))
+	putSliceBy(t, env, ns, "shop", "shop-mirrored", "endpointslicemirroring-controller.k8s.io", 8080, ep("10.0.8.3", "node-a", true))
+	putSlice(t, env, ns, "shop", "shop-1", 8080, ep("10.0.0.1", "node-a", true), ep("10.0.0.2", "node-b", true), ep("10.0.0.3", "node-b", true))
+	waitUntil(t, "the controller's third endpoint", func() bool { return s.k.Observe("controller-only").Replicas == 3 })
+	if got := s.k.WatchStats()["endpointslices"].Events - events; got != 1 {
+		t.Errorf("the agent received %d EndpointSlice events for 3 writes of others' slices and 1 of the controller's, want 1", got)
+	}
+	putSlice(t, env, ns, "shop", "shop-1", 8080, ep("10.0.0.1", "node-a", true), ep("10.0.0.2", "node-b", true))
+	waitUntil(t, "the controller's 2 endpoints again", func() bool { return s.k.Observe("controller-only").Replicas == 2 })
+	check("after the changes")
 }
 
 // TestKubernetesSlicesFollowReferences: when a RateLimit referencing

@@ -18,8 +18,18 @@ import (
 // reference, and no others: one informer whose label selector is
 // kubernetes.io/service-name in (the referenced names), in every namespace
 // (a name referenced in one namespace brings its namesakes in others, which
-// the counts skip). An agent's watch traffic then grows with the limits,
-// not with the cluster.
+// the counts skip), and endpointslice.kubernetes.io/managed-by the
+// EndpointSlice controller. An agent's watch traffic then grows with the
+// limits, not with the cluster.
+//
+// Only the controller's slices count: they list the pods the Service
+// selects. A slice that anyone else wrote (by hand, or mirrored from
+// hand-written Endpoints of a Service without a selector) would set the
+// Service's count and its nodes' weights to whatever it says. That is no
+// security boundary: the label is a label, and whoever may write
+// EndpointSlices in the Service's namespace can set it. It keeps the
+// counts to what the controller wrote as long as only the controller
+// writes slices with its name.
 //
 // When the set of names changes, a new informer with the new selector
 // lists and watches; until it has synced the old one's store stands, so a
@@ -40,14 +50,24 @@ type sliceInformer struct {
 	cancel context.CancelFunc
 }
 
+// sliceController is the value of the label discoveryv1.LabelManagedBy on
+// the slices the EndpointSlice controller (kube-controller-manager)
+// writes, the only ones counted.
+const sliceController = "endpointslice-controller.k8s.io"
+
 // serviceSelector is the label selector of the EndpointSlices of the named
-// Services (names, not namespace/name: a label holds only the name).
+// Services (names, not namespace/name: a label holds only the name) that
+// the EndpointSlice controller manages.
 func serviceSelector(names []string) (labels.Selector, error) {
 	r, err := labels.NewRequirement(discoveryv1.LabelServiceName, selection.In, names)
 	if err != nil {
 		return nil, err
 	}
-	return labels.NewSelector().Add(*r), nil
+	m, err := labels.NewRequirement(discoveryv1.LabelManagedBy, selection.Equals, []string{sliceController})
+	if err != nil {
+		return nil, err
+	}
+	return labels.NewSelector().Add(*r, *m), nil
 }
 
 // set makes the watched names those of services (namespace/name), starting
@@ -158,12 +178,13 @@ func (s *sliceWatch) list(ns, name string) []*discoveryv1.EndpointSlice {
 	return out
 }
 
-// byService indexes EndpointSlices by their Service, namespace/name.
+// byService indexes EndpointSlices by their Service, namespace/name: only
+// the EndpointSlice controller's (the watch selects no others already).
 const byService = "service"
 
 func serviceIndex(obj any) ([]string, error) {
 	sl, ok := obj.(*discoveryv1.EndpointSlice)
-	if !ok || sl.Labels[discoveryv1.LabelServiceName] == "" {
+	if !ok || sl.Labels[discoveryv1.LabelServiceName] == "" || sl.Labels[discoveryv1.LabelManagedBy] != sliceController {
 		return nil, nil
 	}
 	return []string{sl.Namespace + "/" + sl.Labels[discoveryv1.LabelServiceName]}, nil

@@ -50,6 +50,11 @@ const maxLocal = 4
 // fieldManager names the tests' server-side applies.
 const fieldManager = "rlagent-k8s-test"
 
+// sliceController is the managed-by label of the EndpointSlice
+// controller's slices: the tests write slices as it would, and the agents
+// count no others.
+const sliceController = "endpointslice-controller.k8s.io"
+
 // deployDir is the repository's deploy/ directory.
 const deployDir = "../../deploy"
 
@@ -504,7 +509,7 @@ func (c *cluster) setEndpoints(l layout) (started time.Time, writes int) {
 		want[name] = &discoveryv1.EndpointSlice{
 			ObjectMeta: metav1.ObjectMeta{
 				Name: name, Namespace: c.ns,
-				Labels: map[string]string{discoveryv1.LabelServiceName: svcName, discoveryv1.LabelManagedBy: fieldManager},
+				Labels: map[string]string{discoveryv1.LabelServiceName: svcName, discoveryv1.LabelManagedBy: sliceController},
 			},
 			AddressType: discoveryv1.AddressTypeIPv4,
 			Ports:       []discoveryv1.EndpointPort{{Name: ptr(svcPortName), Port: ptr[int32](svcPort), Protocol: ptr(corev1.ProtocolUDP)}},

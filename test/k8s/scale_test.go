@@ -358,10 +358,13 @@ func TestScale(t *testing.T) {
 	}
 }
 
-// scaleSlice is Service name's EndpointSlice with n ready endpoints.
+// scaleSlice is Service name's EndpointSlice with n ready endpoints, as
+// the EndpointSlice controller writes it.
 func scaleSlice(name string, i, n int, node func(int) string) *discoveryv1.EndpointSlice {
 	s := &discoveryv1.EndpointSlice{
-		ObjectMeta:  metav1.ObjectMeta{Name: name, Labels: map[string]string{discoveryv1.LabelServiceName: name}},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{
+			discoveryv1.LabelServiceName: name, discoveryv1.LabelManagedBy: sliceController,
+		}},
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Ports:       []discoveryv1.EndpointPort{{Name: ptr("udp"), Port: ptr[int32](5353), Protocol: ptr(corev1.ProtocolUDP)}},
 	}
