@@ -2,15 +2,27 @@ package node
 
 import (
 	"archive/tar"
+	"bufio"
 	"compress/gzip"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/rlagent/rlagent/internal/k8stest"
+	"github.com/rlagent/rlagent/internal/testenv"
 )
 
 // TestImageReproducible: `make image` on two clones of the same commit, in
@@ -45,6 +57,164 @@ func TestImageReproducible(t *testing.T) {
 	t.Logf("two builds of %s: %s, %s", head[:12], refs[0], refs[1])
 	if refs[0] != refs[1] {
 		t.Errorf("one commit built two images: %s and %s", refs[0], refs[1])
+	}
+}
+
+// TestImageByDigest: `make image` writes IMAGE_DIR/kustomization.yaml, an
+// overlay on deploy/ that names the image it just built by digest, and
+// `make push` points it at the registry it pushed to and prints the
+// `kustomize edit set image` line that pins an overlay of one's own. The
+// overlay, rendered by kubectl kustomize (the kubectl that applies deploy/
+// in TestDaemonSetOnRealNode), sets the DaemonSet's image to REPO@ the digest
+// of the image in oci/ and ref, with no tag: before the push with
+// IMAGE_REPO, after it with the registry's repository (go-containerregistry's
+// registry on loopback, which then serves that digest). deploy/ itself keeps
+// a tag.
+func TestImageByDigest(t *testing.T) {
+	repo := repoRoot(t)
+	dir := t.TempDir()
+	const imageRepo = "registry.example.com/team/rlagent"
+	vars := []string{"VERSION=digest-test", "IMAGE_DIR=" + dir, "IMAGE_REPO=" + imageRepo}
+	run(t, repo, nil, "make", append([]string{"--no-print-directory", "-s", "image"}, vars...)...)
+	ref, err := os.ReadFile(filepath.Join(dir, "ref"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, digest, _ := strings.Cut(strings.TrimSpace(string(ref)), "@")
+	var index struct{ Manifests []struct{ Digest string } }
+	b, err := os.ReadFile(filepath.Join(dir, "oci", "index.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &index); err != nil {
+		t.Fatal(err)
+	}
+	if len(index.Manifests) != 1 || index.Manifests[0].Digest != digest || !strings.HasPrefix(digest, "sha256:") {
+		t.Fatalf("ref %q and the OCI layout's manifests %+v: want one image, the ref's digest", ref, index.Manifests)
+	}
+	t.Logf("built %s", strings.TrimSpace(string(ref)))
+
+	bins, err := k8stest.EnsureNodeBinaries(t.Context(), t.Logf)
+	if err != nil {
+		testenv.SkipOrFail(t, "no kubectl to render the overlay with: %v", err)
+		return
+	}
+	kustomize := func(dir string) []string {
+		t.Helper()
+		return daemonSetImages(t, run(t, "", nil, bins["kubectl"], "kustomize", dir))
+	}
+	overlay, err := os.ReadFile(filepath.Join(dir, "kustomization.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%s/kustomization.yaml:\n%s", dir, overlay)
+	if got, want := kustomize(dir), imageRepo+"@"+digest; !slices.Equal(got, []string{want}) {
+		t.Errorf("make image's overlay runs the images %v, want [%s]", got, want)
+	}
+	// deploy/ keeps a tag: a digest committed there would name the image of
+	// another commit (the binary embeds git describe).
+	if got := kustomize(filepath.Join(repo, "deploy")); len(got) != 1 || strings.Contains(got[0], "@") || !strings.HasPrefix(got[0], "ghcr.io/rlagent/rlagent:") {
+		t.Errorf("deploy/ runs the images %v, want one ghcr.io/rlagent/rlagent:TAG", got)
+	}
+
+	// make push to a registry on loopback.
+	reg := startRegistry(t, repo)
+	out := run(t, repo, nil, "make", append([]string{"--no-print-directory", "-s", "push", "PUSH_TO=" + reg + "/team/rlagent:digest-test"}, vars...)...)
+	t.Logf("make push:\n%s", out)
+	pushed := reg + "/team/rlagent@" + digest
+	if line := "kustomize edit set image ghcr.io/rlagent/rlagent=" + pushed; !slices.Contains(strings.Split(out, "\n"), line) {
+		t.Errorf("make push did not print %q", line)
+	}
+	if got := kustomize(dir); !slices.Equal(got, []string{pushed}) {
+		t.Errorf("after make push the overlay runs the images %v, want [%s]", got, pushed)
+	}
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, "http://"+reg+"/v2/team/rlagent/manifests/"+digest, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Accept", "application/vnd.oci.image.manifest.v1+json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(body)
+	if resp.StatusCode != http.StatusOK || "sha256:"+hex.EncodeToString(sum[:]) != digest {
+		t.Errorf("the registry serves %s with status %d and digest sha256:%x, want 200 and %s", pushed, resp.StatusCode, sum, digest)
+	}
+}
+
+// daemonSetImages returns the images of the DaemonSets' containers in a
+// rendered kustomization.
+func daemonSetImages(t *testing.T, rendered string) []string {
+	t.Helper()
+	var images []string
+	for _, doc := range strings.Split(rendered, "\n---\n") {
+		var obj struct {
+			Kind string `json:"kind"`
+			Spec struct {
+				Template struct {
+					Spec struct {
+						InitContainers []struct{ Image string } `json:"initContainers"`
+						Containers     []struct{ Image string } `json:"containers"`
+					} `json:"spec"`
+				} `json:"template"`
+			} `json:"spec"`
+		}
+		if err := yaml.Unmarshal([]byte(doc), &obj); err != nil {
+			t.Fatalf("rendered manifest: %v\n%s", err, doc)
+		}
+		if obj.Kind != "DaemonSet" {
+			continue
+		}
+		for _, c := range append(obj.Spec.Template.Spec.InitContainers, obj.Spec.Template.Spec.Containers...) {
+			images = append(images, c.Image)
+		}
+	}
+	return images
+}
+
+// startRegistry runs go-containerregistry's in-memory registry (the module
+// hack/tools/image builds with) on loopback and returns its host:port; it
+// stops when t ends.
+func startRegistry(t *testing.T, repo string) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "registry")
+	run(t, filepath.Join(repo, "hack/tools/image"), nil, "go", "build", "-o", bin, "github.com/google/go-containerregistry/cmd/registry")
+	cmd := exec.Command(bin, "-port", "0")
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	port := make(chan int, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			var n int
+			if _, after, ok := strings.Cut(sc.Text(), "serving on port "); ok {
+				if _, err := fmt.Sscan(after, &n); err == nil {
+					port <- n
+				}
+			}
+		}
+	}()
+	select {
+	case n := <-port:
+		return fmt.Sprintf("localhost:%d", n)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the registry did not say its port within 30 s")
+		return ""
 	}
 }
 

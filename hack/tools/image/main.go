@@ -6,9 +6,16 @@
 // the binary and the flags (file times and the image's creation time are the
 // commit's time), so that the same commit builds the same digest.
 //
+// Beside the image, build writes kustomization.yaml: an overlay on deploy/
+// that names the image it just built by digest, so that what runs is what
+// was built (a tag can be moved; deploy/ keeps one, since a digest committed
+// there would change the commit the binary describes). push points that
+// overlay at the registry it pushed to and prints the line that pins an
+// overlay of one's own the same way.
+//
 //	image build --binary bin/rlagent --repo ghcr.io/rlagent/rlagent --version v0.1.0 \
-//	    --revision $(git rev-parse HEAD) --created $(git log -1 --format=%ct) --out bin/image
-//	image push --from bin/image/oci --to registry.example.com/rlagent:v0.1.0
+//	    --revision $(git rev-parse HEAD) --created $(git log -1 --format=%ct) --out bin/image --deploy deploy
+//	image push --from bin/image/oci --to registry.example.com/rlagent:v0.1.0 --overlay bin/image/kustomization.yaml
 package main
 
 import (
@@ -40,6 +47,10 @@ import (
 // relies on it being the entrypoint.
 const defaultPath = "usr/local/bin/rlagent"
 
+// deployImage is the image's name in deploy/ (daemonset.yaml and the
+// images: of kustomization.yaml), which an overlay's images: entry matches.
+const deployImage = "ghcr.io/rlagent/rlagent"
+
 func main() {
 	if len(os.Args) < 2 {
 		usage()
@@ -60,8 +71,8 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, `usage: image build --binary FILE --repo REPO --version V [--revision SHA] [--created UNIX] [--arch ARCH] --out DIR
-       image push --from DIR/oci --to REGISTRY/REPO:TAG`)
+	fmt.Fprintln(os.Stderr, `usage: image build --binary FILE --repo REPO --version V [--revision SHA] [--created UNIX] [--arch ARCH] --out DIR [--deploy DIR]
+       image push --from DIR/oci --to REGISTRY/REPO:TAG [--overlay DIR/kustomization.yaml]`)
 	os.Exit(2)
 }
 
@@ -74,7 +85,8 @@ func build(args []string) error {
 	created := fs.String("created", "0", "the image's creation time, Unix seconds (the commit's time, for a reproducible digest)")
 	arch := fs.String("arch", "amd64", "the binary's architecture")
 	path := fs.String("path", defaultPath, "where the binary goes in the image, without the leading /: the image's entrypoint")
-	out := fs.String("out", "", "the output directory: DIR/rlagent.tar (a tarball for `ctr images import`, `docker load`) and DIR/oci (an OCI image layout)")
+	out := fs.String("out", "", "the output directory: DIR/rlagent.tar (a tarball for `ctr images import`, `docker load`), DIR/oci (an OCI image layout), DIR/ref and DIR/kustomization.yaml")
+	deploy := fs.String("deploy", "", "deploy/, the kustomization that DIR/kustomization.yaml overlays with the image's digest (none if empty)")
 	fs.Parse(args)
 	if *binary == "" || *version == "" || *out == "" {
 		return errors.New("--binary, --version and --out are required")
@@ -136,7 +148,14 @@ func build(args []string) error {
 	if err := os.WriteFile(filepath.Join(tmp, "ref"), []byte(ref+"\n"), 0o644); err != nil {
 		return err
 	}
-	for _, f := range []string{"rlagent.tar", "oci", "ref"} {
+	files := []string{"rlagent.tar", "oci", "ref"}
+	if *deploy != "" {
+		if err := writeOverlay(filepath.Join(tmp, "kustomization.yaml"), *out, *deploy, tag.Context().Name(), digest.String()); err != nil {
+			return err
+		}
+		files = append(files, "kustomization.yaml")
+	}
+	for _, f := range files {
 		if err := os.RemoveAll(filepath.Join(*out, f)); err != nil {
 			return err
 		}
@@ -146,6 +165,69 @@ func build(args []string) error {
 	}
 	fmt.Println(ref)
 	return nil
+}
+
+// writeOverlay writes to path the kustomization of the directory dir: deploy
+// (its path relative to dir, as kustomize wants it) with the image named by
+// digest.
+func writeOverlay(path, dir, deploy, repo, digest string) error {
+	absDir, err := filepath.Abs(dir)
+	if err != nil {
+		return err
+	}
+	absDeploy, err := filepath.Abs(deploy)
+	if err != nil {
+		return err
+	}
+	if _, err := os.Stat(filepath.Join(absDeploy, "kustomization.yaml")); err != nil {
+		return fmt.Errorf("--deploy %s: not a kustomization: %w", deploy, err)
+	}
+	rel, err := filepath.Rel(absDir, absDeploy)
+	if err != nil {
+		return fmt.Errorf("--deploy %s: no path to it from --out %s: %w", deploy, dir, err)
+	}
+	return os.WriteFile(path, []byte(overlay(filepath.ToSlash(rel), repo, digest)), 0o644)
+}
+
+// overlay is the text of an overlay on the kustomization at base that
+// names the image repo@digest.
+func overlay(base, repo, digest string) string {
+	return fmt.Sprintf(`# Written by make image (make push names the registry it pushed to): %[1]s
+# with the image it built, by digest. A tag can be moved; a digest names
+# these bytes only. Deploy with: kubectl apply -k <this directory>
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+  - %[1]s
+images:
+  - name: %[2]s
+    newName: %[3]s
+    digest: %[4]s
+`, base, deployImage, repo, digest)
+}
+
+// repoint rewrites the overlay that build wrote so that it names repo (where
+// push put the image), with the same base and digest.
+func repoint(path, repo, digest string) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	base := ""
+	lines := strings.Split(string(b), "\n")
+	for i, l := range lines {
+		if l == "resources:" && i+1 < len(lines) {
+			base = strings.TrimPrefix(strings.TrimSpace(lines[i+1]), "- ")
+		}
+	}
+	if base == "" {
+		return fmt.Errorf("%s: no resources: entry; not the overlay make image writes", path)
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(overlay(base, repo, digest)), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
 }
 
 // image is the one-layer image of bin at binaryPath.
@@ -220,6 +302,7 @@ func push(args []string) error {
 	from := fs.String("from", "", "the OCI image layout `make image` wrote (bin/image/oci)")
 	to := fs.String("to", "", "where to push: REGISTRY/REPO:TAG (credentials from ~/.docker/config.json, as docker login writes them)")
 	insecure := fs.Bool("insecure", false, "allow a registry over plain HTTP")
+	ov := fs.String("overlay", "", "the overlay `image build` wrote (bin/image/kustomization.yaml), to point at the pushed image (left alone if empty)")
 	fs.Parse(args)
 	if *from == "" || *to == "" {
 		return errors.New("--from and --to are required")
@@ -254,6 +337,14 @@ func push(args []string) error {
 	if err := remote.Write(ref, img, remote.WithAuthFromKeychain(authn.DefaultKeychain)); err != nil {
 		return err
 	}
-	fmt.Println(ref.Context().Name() + "@" + m.Manifests[0].Digest.String())
+	repo, digest := ref.Context().Name(), m.Manifests[0].Digest.String()
+	if *ov != "" {
+		if err := repoint(*ov, repo, digest); err != nil {
+			return fmt.Errorf("--overlay: %w", err)
+		}
+		fmt.Fprintf(os.Stderr, "%s names %s@%s: kubectl apply -k %s\n", *ov, repo, digest, filepath.Dir(*ov))
+	}
+	// Deploy by digest: the line for deploy/ or an overlay of one's own.
+	fmt.Printf("kustomize edit set image %s=%s@%s\n", deployImage, repo, digest)
 	return nil
 }
