@@ -551,6 +551,7 @@ func (a *Agent) statusLoop(ctx context.Context) {
 					v.PaceIneffective = a.paceIneffective()
 				}
 			}
+			v.AllocationRefused = a.demandRefused(l.Name)
 			a.mu.Unlock()
 			rep.Report(obj, v, now)
 		}

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"strconv"
 	"time"
 
 	"github.com/rlagent/rlagent/api/v1alpha1"
@@ -24,6 +25,11 @@ type demandState struct {
 	// a moving demand is reported once it settles, or an interval later.
 	unsettled time.Time
 	equal     uint64 // the equal share at the last step: the report's threshold
+	// refused is why the allocation in the status is not followed
+	// (demand.Check), or ""; refusals counts the rounds refused.
+	refused   string
+	refusedAt int64 // the round refused last
+	refusals  uint64
 }
 
 // demandParams are the configured parameters, defaulted. Callers hold a.mu.
@@ -59,7 +65,7 @@ func (a *Agent) stepDemand(now time.Time) bool {
 			if id, ok := a.ids[l.Name]; ok && a.applied[id].Rate > 0 {
 				// A restarted agent: the share the data path holds.
 				st.node.Start(a.applied[id].Rate, now)
-			} else if st.node.Fresh(alloc, now) {
+			} else if st.node.Fresh(alloc, now) && demand.Check(alloc, demand.Bounds{Rate: l.Rate, Count: obs.Replicas, FloorPerMille: *p.FloorPerMille}, equal, now) == nil {
 				// A node joining an allocation: its floor, until a
 				// round counts it.
 				st.node.Start(alloc.Level.Floor, now)
@@ -69,11 +75,13 @@ func (a *Agent) stepDemand(now time.Time) bool {
 		// The rounds' interval, and a report's lag, are half the report
 		// interval (as the allocator's: watcher.StatusWriter).
 		st.node.Interval, st.node.StaleAfter = p.Interval.Duration/2, p.StaleAfter.Duration
+		st.node.Bounds = demand.Bounds{Rate: l.Rate, Count: obs.Replicas, FloorPerMille: *p.FloorPerMille}
 		st.equal = equal
 		before := st.node.Now()
 		if st.node.Share(alloc, equal, now) != before {
 			changed = true
 		}
+		a.refuseDemand(l.Name, st, alloc)
 	}
 	for name := range a.demand {
 		if !seen[name] {
@@ -82,6 +90,47 @@ func (a *Agent) stepDemand(now time.Time) bool {
 		}
 	}
 	return changed
+}
+
+// refuseDemand logs and counts an allocation the node does not follow
+// (demand.Node.Refused: it enforces as if the allocation were stale), once
+// a round, and its end. The status loop reports it as an Event on the
+// RateLimit. Callers hold a.mu.
+func (a *Agent) refuseDemand(name string, st *demandState, alloc demand.Allocation) {
+	err := st.node.Refused()
+	switch {
+	case err == nil && st.refused != "":
+		a.log.Info("demand allocation followed again", "limit", name, "round", alloc.Round)
+		st.refused = ""
+	case err != nil && (st.refused == "" || st.refusedAt != alloc.Round):
+		st.refusals++
+		a.log.Warn("demand allocation refused: not one an allocator writes; enforcing as if it were stale (the equal share)",
+			"limit", name, "round", alloc.Round, "reason", err.Error())
+		fallthrough
+	case err != nil:
+		st.refused, st.refusedAt = "demand allocation round "+strconv.FormatInt(alloc.Round, 10)+" refused ("+err.Error()+"): enforcing the equal share", alloc.Round
+	}
+}
+
+// demandRefusals is, by limit, how many rounds of its allocation this node
+// refused (rlagent_demand_allocation_refused_total).
+func (a *Agent) demandRefusals() map[string]uint64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make(map[string]uint64, len(a.demand))
+	for name, st := range a.demand {
+		out[name] = st.refusals
+	}
+	return out
+}
+
+// demandRefused is why this node does not follow the allocation of the
+// limit name, or "". Callers hold a.mu.
+func (a *Agent) demandRefused(name string) string {
+	if st := a.demand[name]; st != nil {
+		return st.refused
+	}
+	return ""
 }
 
 // demandShare is a demand-shared limit's share at this node, in place of

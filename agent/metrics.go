@@ -126,9 +126,10 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 }
 
 var (
-	descWatchEvents  = desc("watch_events_total", "Watch events the agent's informers received from the API server, by informer (ratelimits, daemonset, endpointslices) and type (event: added, modified or deleted; bookmark).", "informer", "type")
-	descWatchListed  = desc("watch_listed_objects_total", "Objects the agent's informers received in list responses, by informer (a relist after an outage or a watch that expired lists again).", "informer")
-	descStatusWriter = desc("status_writer", "1 while this agent holds the Lease and writes the RateLimits' status, else 0.")
+	descWatchEvents   = desc("watch_events_total", "Watch events the agent's informers received from the API server, by informer (ratelimits, daemonset, endpointslices) and type (event: added, modified or deleted; bookmark).", "informer", "type")
+	descWatchListed   = desc("watch_listed_objects_total", "Objects the agent's informers received in list responses, by informer (a relist after an outage or a watch that expired lists again).", "informer")
+	descStatusWriter  = desc("status_writer", "1 while this agent holds the Lease and writes the RateLimits' status, else 0.")
+	descDemandRefused = desc("demand_allocation_refused_total", "Rounds of a demand-shared limit's allocation (status.allocation) this node refused, by limit: not one an honest allocator writes (a time ahead of the node's clock, a water level above the rate, a floor above the equal share or 0, too many nodes); the node enforced its equal share instead.", "limit")
 )
 
 // clusterCollector reports the Kubernetes source's watches and whether
@@ -139,6 +140,7 @@ func (c clusterCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descWatchEvents
 	ch <- descWatchListed
 	ch <- descStatusWriter
+	ch <- descDemandRefused
 }
 
 func (c clusterCollector) Collect(ch chan<- prometheus.Metric) {
@@ -158,4 +160,7 @@ func (c clusterCollector) Collect(ch chan<- prometheus.Metric) {
 		leading = 1
 	}
 	ch <- prometheus.MustNewConstMetric(descStatusWriter, prometheus.GaugeValue, leading)
+	for name, n := range c.a.demandRefusals() {
+		ch <- prometheus.MustNewConstMetric(descDemandRefused, prometheus.CounterValue, float64(n), name)
+	}
 }

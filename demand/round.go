@@ -1,6 +1,9 @@
 package demand
 
-import "time"
+import (
+	"math"
+	"time"
+)
 
 // Allocation is one round of one limit, as the allocator publishes it and
 // the nodes read it.
@@ -9,6 +12,8 @@ type Allocation struct {
 	// per round it sees.
 	Round int64
 	Level Level
+	// Nodes is how many nodes' reports the round counted.
+	Nodes int32
 	// Time is when the round was computed: which of a node's reports it
 	// counted (Counted), and its age. A node that sees no round younger
 	// than its stale age goes back to equal shares.
@@ -71,8 +76,15 @@ func (a *Allocator) Last() Allocation { return a.last }
 // reports whose fingerprint is counted, and whether to publish it; if not,
 // again is when the same inputs would make a round. The caller records a
 // round with Published once written.
+//
+// A last round that no honest allocator wrote does not hold it up: one
+// from more than ClockSkew ahead of now is followed at once (waiting for
+// its time would leave its level in force until then), and after a round
+// that cannot be counted further (math.MaxInt64, or below 1) the rounds
+// start again at 1 (the admission policy lets the holder of the status
+// Lease move the round by 0 or 1, or back to 1).
 func (a *Allocator) Next(level Level, counted uint64, now time.Time) (r Allocation, write bool, again time.Time) {
-	first := a.last.Time.IsZero()
+	first := a.last.Time.IsZero() || a.last.Time.Sub(now) > ClockSkew
 	changed := first || level != a.last.Level || counted != a.last.counted || a.pending
 	switch {
 	case !first && now.Sub(a.last.Time) < a.Interval:
@@ -81,7 +93,11 @@ func (a *Allocator) Next(level Level, counted uint64, now time.Time) (r Allocati
 		}
 		return a.last, false, a.last.Time.Add(a.KeepAlive)
 	case changed || now.Sub(a.last.Time) >= a.KeepAlive:
-		return Allocation{Round: a.last.Round + 1, Level: level, Time: now, counted: counted}, true, time.Time{}
+		round := a.last.Round + 1
+		if a.last.Round < 0 || a.last.Round == math.MaxInt64 {
+			round = 1
+		}
+		return Allocation{Round: round, Level: level, Time: now, counted: counted}, true, time.Time{}
 	}
 	return a.last, false, a.last.Time.Add(a.KeepAlive)
 }
@@ -103,8 +119,12 @@ type Node struct {
 	// its equal share; a round stops counting one Interval earlier
 	// (Fresh).
 	StaleAfter time.Duration
+	// Bounds are what the node knows of the limit to Check a round by
+	// (the zero Bounds: the time and the floor only).
+	Bounds Bounds
 
 	applied Applied
+	refused error     // why the latest round was refused (Check), or nil
 	round   int64     // the last round stepped
 	stale   time.Time // when the last stale step was taken; zero while fresh
 	// reports are the last three this node published, oldest first: a
@@ -145,17 +165,21 @@ func (n *Node) LastReport() (Report, bool) {
 // falls below what is enforced (the count grew); so does no round at all,
 // once StaleAfter less an Interval has passed since Start (before, the
 // node waits for the round the others have). In all, a decrease applies at
-// once and an increase one step later: at StaleAfter.
+// once and an increase one step later: at StaleAfter. A round that fails
+// Check counts as stale from the start (Refused says why).
 //
 // The zero Node starts at the equal share on its first call.
 func (n *Node) Share(a Allocation, equal uint64, now time.Time) uint64 {
 	if n.started.IsZero() {
 		n.Start(equal, now)
 	}
+	n.refused = Check(a, n.Bounds, equal, now)
 	if a.Time.IsZero() && now.Sub(n.started) <= n.staleAge() {
 		return n.applied.Now()
 	}
-	fresh := n.Fresh(a, now)
+	// A round that fails the checks counts as stale: an honest allocator
+	// wrote none such, so what it says is not followed.
+	fresh := n.Fresh(a, now) && n.refused == nil
 	switch {
 	case fresh && a.Round != n.round:
 		n.round, n.stale = a.Round, time.Time{}
@@ -170,6 +194,10 @@ func (n *Node) Share(a Allocation, equal uint64, now time.Time) uint64 {
 	}
 	return n.applied.Now()
 }
+
+// Refused is why the round of the latest Share failed Check (and the node
+// went on as if the allocation were stale), or nil.
+func (n *Node) Refused() error { return n.refused }
 
 // Fresh says whether a still counts at now. A round stops counting one
 // Interval before StaleAfter: the fall back to the equal share takes two

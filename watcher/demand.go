@@ -324,7 +324,7 @@ func AllocationOf(a *v1alpha1.Allocation) demand.Allocation {
 	if a == nil {
 		return demand.Allocation{}
 	}
-	r := demand.Allocation{Round: a.Round, Level: demand.Level{Water: math.MaxUint64, Floor: a.Floor}, Time: a.Time.Time}
+	r := demand.Allocation{Round: a.Round, Level: demand.Level{Water: math.MaxUint64, Floor: a.Floor}, Nodes: a.Nodes, Time: a.Time.Time}
 	if a.Water != nil {
 		r.Level.Water = *a.Water
 	}

@@ -57,6 +57,10 @@ const (
 // ReasonApplied is a node report that clears an earlier one.
 const ReasonApplied = "Applied"
 
+// ReasonAllocationRefused is a node's report that it does not follow the
+// demand allocation in the status (a Warning Event; not a condition).
+const ReasonAllocationRefused = "AllocationRefused"
+
 // reportTTL is how long a node report stands without being made again. A
 // node reports its problems again every reportEvery, so a report older
 // than reportTTL is of a node that recovered without saying so (its agent
@@ -78,6 +82,10 @@ type Verdict struct {
 	// PaceIneffective says why this node's uplinks do not hold a paced
 	// limit's packets to their departure times (no fq), or "".
 	PaceIneffective string
+	// AllocationRefused says why this node does not follow the demand
+	// allocation in the limit's status (demand.Check), or "": output for
+	// people; it does not change the Accepted condition.
+	AllocationRefused string
 }
 
 // report is the reason, message and severity (higher is worse) of v;
@@ -92,6 +100,8 @@ func (v Verdict) report() (reason, message string, severity int) {
 		return v1alpha1.ReasonEnforcedAtUplink, v.AtUplink, 1
 	case v.PaceIneffective != "":
 		return v1alpha1.ReasonPaceIneffective, v.PaceIneffective, 1
+	case v.AllocationRefused != "":
+		return ReasonAllocationRefused, v.AllocationRefused, 0
 	}
 	return ReasonApplied, "", 0
 }
@@ -546,7 +556,11 @@ func (w *StatusWriter) allocate(queue workqueue.TypedRateLimitingInterface[strin
 			asked += d
 		}
 	}
-	floor := l.Rate * uint64(*p.FloorPerMille) / 1000 / uint64(max(1, len(ds)))
+	// The floor divides by the nodes counted or the count, whichever is
+	// more: a node then finds it at most its equal share (demand.Check),
+	// and the nodes not counted yet take no more than their equal shares'
+	// floorPerMille together.
+	floor := l.Rate * uint64(*p.FloorPerMille) / 1000 / uint64(max(1, len(ds), int(next.Replicas)))
 	level := demand.Allocate(l.Rate, floor, ds)
 
 	w.mu.Lock()

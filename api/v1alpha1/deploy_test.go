@@ -666,14 +666,7 @@ func TestKustomization(t *testing.T) {
 // against a real API server (test/k8s, TestDemandLeasePolicy).
 func TestDeployDemandPolicy(t *testing.T) {
 	d := readDeployment(t)
-	if len(d.policies) != 1 || len(d.policyBindings) != 1 || len(d.serviceAccounts) != 1 {
-		t.Fatalf("want one ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding and ServiceAccount; have %d, %d, %d",
-			len(d.policies), len(d.policyBindings), len(d.serviceAccounts))
-	}
-	p, b, sa := d.policies[0], d.policyBindings[0], d.serviceAccounts[0]
-	if p.Name != "rlagent-demand-leases" {
-		t.Errorf("policy %q, want rlagent-demand-leases", p.Name)
-	}
+	p, b, sa := d.policy(t, "rlagent-demand-leases")
 	// Warn or Audit alone would let an agent write any node's Lease.
 	if b.Spec.PolicyName != p.Name || !slices.Equal(b.Spec.ValidationActions, []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny}) {
 		t.Errorf("binding %s: policy %q, actions %v; want policy %q, actions [Deny]", b.Name, b.Spec.PolicyName, b.Spec.ValidationActions, p.Name)
@@ -725,5 +718,102 @@ func TestDeployDemandPolicy(t *testing.T) {
 	}
 	if !claim || !name || !holder {
 		t.Errorf("the policy does not read the node-name claim (%v), check the name (%v) or the holder (%v)", claim, name, holder)
+	}
+}
+
+// policy returns the ValidatingAdmissionPolicy name, its one binding and
+// the agents' ServiceAccount.
+func (d *deployment) policy(t *testing.T, name string) (*admissionregistrationv1.ValidatingAdmissionPolicy, *admissionregistrationv1.ValidatingAdmissionPolicyBinding, *corev1.ServiceAccount) {
+	t.Helper()
+	if len(d.serviceAccounts) != 1 {
+		t.Fatalf("%d ServiceAccounts, want one", len(d.serviceAccounts))
+	}
+	var p *admissionregistrationv1.ValidatingAdmissionPolicy
+	var b *admissionregistrationv1.ValidatingAdmissionPolicyBinding
+	for _, x := range d.policies {
+		if x.Name == name {
+			p = x
+		}
+	}
+	for _, x := range d.policyBindings {
+		if x.Spec.PolicyName == name {
+			if b != nil {
+				t.Errorf("policy %s: a second binding %s", name, x.Name)
+			}
+			b = x
+		}
+	}
+	if p == nil || b == nil {
+		t.Fatalf("no ValidatingAdmissionPolicy %s with a binding (policy %v, binding %v)", name, p != nil, b != nil)
+	}
+	return p, b, d.serviceAccounts[0]
+}
+
+// TestDeployStatusPolicy checks the admission policies that keep the
+// RateLimits' status, the demand allocation among it, to the agent that
+// holds the Lease rlagent-status, and that Lease to its holder's name: that
+// they are bound to deny, to what they apply and what they read. What they
+// admit and deny is tested against a real API server (test/k8s,
+// TestStatusWriterPolicy).
+func TestDeployStatusPolicy(t *testing.T) {
+	d := readDeployment(t)
+	if n := len(d.policies); n != 3 || len(d.policyBindings) != 3 {
+		t.Errorf("%d policies and %d bindings, want 3 and 3: rlagent-demand-leases, rlagent-status-lease, rlagent-status-writer", n, len(d.policyBindings))
+	}
+	for _, name := range []string{"rlagent-status-lease", "rlagent-status-writer"} {
+		p, b, sa := d.policy(t, name)
+		if !slices.Equal(b.Spec.ValidationActions, []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny}) {
+			t.Errorf("binding %s: actions %v, want [Deny]", b.Name, b.Spec.ValidationActions)
+		}
+		if fp := p.Spec.FailurePolicy; fp == nil || *fp != admissionregistrationv1.Fail {
+			t.Errorf("%s: failurePolicy %v, want Fail", name, fp)
+		}
+		user := "request.userInfo.username == 'system:serviceaccount:" + sa.Namespace + ":" + sa.Name + "'"
+		if len(p.Spec.MatchConditions) == 0 || p.Spec.MatchConditions[0].Expression != user {
+			t.Errorf("%s: match conditions %+v: want the agents' username first (%s)", name, p.Spec.MatchConditions, user)
+		}
+		var claim bool
+		for _, v := range p.Spec.Variables {
+			claim = claim || strings.Contains(v.Expression, "request.userInfo.?extra[?'authentication.kubernetes.io/pod-name']")
+		}
+		if !claim {
+			t.Errorf("%s: does not read the pod-name claim", name)
+		}
+		for _, v := range p.Spec.Validations {
+			if v.Message == "" && v.MessageExpression == "" {
+				t.Errorf("%s: validation %q has no message", name, v.Expression)
+			}
+		}
+		rules := p.Spec.MatchConstraints.ResourceRules
+		switch name {
+		case "rlagent-status-lease":
+			if len(rules) != 1 || !slices.Equal(rules[0].Resources, []string{"leases"}) ||
+				!reflect.DeepEqual(p.Spec.MatchConstraints.NamespaceSelector, &metav1.LabelSelector{MatchLabels: map[string]string{corev1.LabelMetadataName: sa.Namespace}}) {
+				t.Errorf("%s: resource rules %+v in %+v, want leases in %s", name, rules, p.Spec.MatchConstraints.NamespaceSelector, sa.Namespace)
+			}
+			if !slices.ContainsFunc(p.Spec.MatchConditions, func(c admissionregistrationv1.MatchCondition) bool {
+				return c.Expression == "object.metadata.name == 'rlagent-status'"
+			}) {
+				t.Errorf("%s: not limited to the Lease rlagent-status", name)
+			}
+		case "rlagent-status-writer":
+			if len(rules) != 1 || !slices.Equal(rules[0].Resources, []string{"ratelimits/status"}) || !slices.Equal(rules[0].APIGroups, []string{GroupName}) {
+				t.Errorf("%s: resource rules %+v, want ratelimits/status", name, rules)
+			}
+			if pk := p.Spec.ParamKind; pk == nil || pk.APIVersion != "coordination.k8s.io/v1" || pk.Kind != "Lease" {
+				t.Errorf("%s: paramKind %+v, want coordination.k8s.io/v1 Lease", name, pk)
+			}
+			if r := b.Spec.ParamRef; r == nil || r.Name != "rlagent-status" || r.Namespace != sa.Namespace {
+				t.Errorf("binding %s: paramRef %+v, want the Lease %s/rlagent-status", b.Name, r, sa.Namespace)
+			}
+			var holder, round bool
+			for _, v := range p.Spec.Validations {
+				holder = holder || strings.Contains(v.Expression, "variables.pod == variables.holder")
+				round = round || strings.Contains(v.Expression, "variables.wasRound.value() + 1")
+			}
+			if !holder || !round {
+				t.Errorf("%s: checks the holder %v, the round %v; want both", name, holder, round)
+			}
+		}
 	}
 }
