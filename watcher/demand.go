@@ -256,23 +256,42 @@ type NodeDemand struct {
 	PrevAt   time.Time
 }
 
+// maxReportAge is how long a node's report stands after its Lease's
+// renewTime at most, whatever the Lease's duration says, for the report
+// interval interval: a node writes its report at least every KeepAlive
+// (10 intervals) and gives it a duration of two KeepAlives (one failed
+// write tolerated), so a report not renewed within that is of a node that
+// is gone; a longer duration would keep a node's report counted, for
+// ever, after it left.
+func maxReportAge(interval time.Duration) time.Duration { return 20 * interval }
+
 // parseDemandLease reads a demand Lease; ok is false for a Lease that is
-// not one, or whose report expired at now (a node that is gone). A
-// previous report that cannot be read is left out (the latest then counts
-// only once an interval old).
-func parseDemandLease(l *coordinationv1.Lease, now time.Time) (NodeDemand, bool, error) {
+// not one, or whose report expired at now (a node that is gone). Only a
+// Lease the admission policy rlagent-demand-leases binds to its node is
+// one: named DemandLeasePrefix + the node, held by that node (the status
+// Lease and other Leases with the label are not reports). Its report
+// stands for its duration, at most maxAge, and one dated more than
+// demand.ClockSkew ahead of now is not counted (it would stand until its
+// date). A previous report that cannot be read is left out (the latest
+// then counts only once an interval old).
+func parseDemandLease(l *coordinationv1.Lease, now time.Time, maxAge time.Duration) (NodeDemand, bool, error) {
 	if l.Labels[labelDemand] != "node" || l.Spec.HolderIdentity == nil || l.Spec.RenewTime == nil || l.Spec.LeaseDurationSeconds == nil {
 		return NodeDemand{}, false, nil
 	}
+	node := *l.Spec.HolderIdentity
+	if node == "" || l.Name != DemandLeasePrefix+node {
+		return NodeDemand{}, false, nil
+	}
 	renewed := l.Spec.RenewTime.Time
-	if now.Sub(renewed) > time.Duration(*l.Spec.LeaseDurationSeconds)*time.Second {
+	age := min(time.Duration(*l.Spec.LeaseDurationSeconds)*time.Second, maxAge)
+	if now.Sub(renewed) > age || renewed.Sub(now) > demand.ClockSkew {
 		return NodeDemand{}, false, nil
 	}
 	var d map[string]uint64
 	if err := json.Unmarshal([]byte(l.Annotations[annotationDemand]), &d); err != nil {
 		return NodeDemand{}, false, fmt.Errorf("demand lease %s: annotation %s: %w", l.Name, annotationDemand, err)
 	}
-	nd := NodeDemand{Node: *l.Spec.HolderIdentity, Demands: d, Renewed: renewed}
+	nd := NodeDemand{Node: node, Demands: d, Renewed: renewed}
 	if raw, ok := l.Annotations[annotationPrevious]; ok {
 		var p previousReport
 		if err := json.Unmarshal([]byte(raw), &p); err == nil && p.At.Before(&metav1.MicroTime{Time: renewed}) {

@@ -99,7 +99,7 @@ func TestDemandPublisher(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	nd, ok, err := parseDemandLease(l, clock.t)
+	nd, ok, err := parseDemandLease(l, clock.t, maxReportAge(10*time.Second))
 	if err != nil || !ok || nd.Node != "node-a" || nd.Demands["web"] != 8000 || !nd.Renewed.Equal(clock.t) {
 		t.Fatalf("read back: %+v ok %v err %v", nd, ok, err)
 	}
@@ -108,7 +108,7 @@ func TestDemandPublisher(t *testing.T) {
 	if nd.Previous["web"] != 8000 || len(nd.Previous) != 1 || !nd.PrevAt.Equal(third) {
 		t.Errorf("the previous report: %v at %v, want web 8000 at %v", nd.Previous, nd.PrevAt, third)
 	}
-	if _, ok, _ := parseDemandLease(l, clock.t.Add(201*time.Second)); ok {
+	if _, ok, _ := parseDemandLease(l, clock.t.Add(201*time.Second), time.Hour); ok {
 		t.Error("a report older than twice KeepAlive still counts")
 	}
 }

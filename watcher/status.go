@@ -534,7 +534,10 @@ func (w *StatusWriter) allocate(queue workqueue.TypedRateLimitingInterface[strin
 		if !ok {
 			continue
 		}
-		nd, ok, err := parseDemandLease(lease, now)
+		if lease.Namespace != w.cfg.Namespace {
+			continue
+		}
+		nd, ok, err := parseDemandLease(lease, now, maxReportAge(p.Interval.Duration))
 		if err != nil {
 			w.log.Debug("demand lease not read", "error", err)
 			continue
