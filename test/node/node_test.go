@@ -45,7 +45,8 @@ const capEff = 1<<12 | 1<<38 | 1<<39
 // It proves: the agent runs unprivileged with exactly CAP_BPF,
 // CAP_NET_ADMIN and CAP_PERFMON effective, with its ServiceAccount's RBAC
 // (its status writes and the count from its DaemonSet work); it enforces a
-// RateLimit on real traffic within 5%; readiness follows the attach state;
+// RateLimit on real traffic within 5%; scope service counts the slice the
+// controller-manager writes; readiness follows the attach state;
 // `rlagent status` works through kubectl exec; a rolling update to another
 // image keeps enforcing (no 100 ms bin above share + burst, none empty while
 // load is offered) and the new pod adopts the pins; an update that changes
@@ -172,6 +173,44 @@ spec:
 		out := n.Kubectl("get", "ratelimit", "node-udp", "-o", "jsonpath={.status.replicas} {.status.conditions[0].status}")
 		return out == "1 True", out
 	})
+
+	// Scope service counts the EndpointSlice controller's slices, and the
+	// controller-manager here writes them: a Service that selects the
+	// agent's pod has one ready endpoint, on this node.
+	svc := writeFile(t, "service.yaml", `apiVersion: v1
+kind: Service
+metadata:
+  name: rlagent-probe
+  namespace: rlagent-system
+spec:
+  selector:
+    app.kubernetes.io/name: rlagent
+  ports:
+    - protocol: UDP
+      port: 5399
+---
+apiVersion: rlagent.io/v1alpha1
+kind: RateLimit
+metadata:
+  name: node-service
+spec:
+  rate: 1000
+  scope: service
+  match:
+    service: rlagent-system/rlagent-probe
+`)
+	n.Kubectl("apply", "-f", svc)
+	waitFor(t, 30*time.Second, "RateLimit node-service's status: 1 replica, from the controller's slice", func() (bool, string) {
+		out := n.Kubectl("get", "ratelimit", "node-service", "-o", "jsonpath={.status.replicas}")
+		return out == "1", out
+	})
+	managedBy := n.Kubectl("-n", "rlagent-system", "get", "endpointslices", "-l", "kubernetes.io/service-name=rlagent-probe",
+		"-o", `jsonpath={range .items[*]}{.metadata.labels.endpointslice\.kubernetes\.io/managed-by}{"\n"}{end}`)
+	t.Logf("the Service's EndpointSlices, managed by: %q", managedBy)
+	if strings.TrimSpace(managedBy) != "endpointslice-controller.k8s.io" {
+		t.Errorf("the Service's EndpointSlices are managed by %q, want one by endpointslice-controller.k8s.io", managedBy)
+	}
+	n.Kubectl("delete", "-f", svc)
 
 	// Readiness follows the attach state: one of the interfaces goes, and
 	// comes back.
