@@ -556,5 +556,8 @@ func (a *Agent) statusLoop(ctx context.Context) {
 			rep.Report(obj, v, now)
 		}
 		rep.Forget(func(name string) bool { return names[name] })
+		if err := rep.Flush(ctx); err != nil {
+			a.log.Debug("node verdicts not written to the node's Lease; retrying", "error", err)
+		}
 	}
 }

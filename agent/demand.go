@@ -186,8 +186,9 @@ func (a *Agent) limitNamed(name string) *v1alpha1.Limit {
 	return nil
 }
 
-// demandLoop reports this node's demands (the demand Lease) while the
-// agent runs in a cluster, apart from the reconcile loop: an API server
+// demandLoop reports this node's demands (the demand Lease, which every
+// node writes, with or without demand-shared limits: it holds the node's
+// verdicts as well) while the agent runs in a cluster, apart from the reconcile loop: an API server
 // that does not answer must not hold up enforcement.
 func (a *Agent) demandLoop(ctx context.Context) {
 	a.mu.Lock()
@@ -225,9 +226,8 @@ func (a *Agent) demandLoop(ctx context.Context) {
 			ds = append(ds, watcher.Demand{Limit: name, Rate: rate, Threshold: max(1, float64(st.equal)/100)})
 		}
 		a.mu.Unlock()
-		if len(ds) == 0 && published == nil {
-			continue
-		}
+		// Also without demands: the Lease carries the node's verdicts too
+		// (watcher.Reporter), and its keep-alives keep them standing.
 		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		w, err := pub.Publish(wctx, ds)
 		cancel()

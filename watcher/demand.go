@@ -275,18 +275,11 @@ func maxReportAge(interval time.Duration) time.Duration { return 20 * interval }
 // date). A previous report that cannot be read is left out (the latest
 // then counts only once an interval old).
 func parseDemandLease(l *coordinationv1.Lease, now time.Time, maxAge time.Duration) (NodeDemand, bool, error) {
-	if l.Labels[labelDemand] != "node" || l.Spec.HolderIdentity == nil || l.Spec.RenewTime == nil || l.Spec.LeaseDurationSeconds == nil {
-		return NodeDemand{}, false, nil
-	}
-	node := *l.Spec.HolderIdentity
-	if node == "" || l.Name != DemandLeasePrefix+node {
+	node, ok := nodeOf(l, now, maxAge)
+	if !ok {
 		return NodeDemand{}, false, nil
 	}
 	renewed := l.Spec.RenewTime.Time
-	age := min(time.Duration(*l.Spec.LeaseDurationSeconds)*time.Second, maxAge)
-	if now.Sub(renewed) > age || renewed.Sub(now) > demand.ClockSkew {
-		return NodeDemand{}, false, nil
-	}
 	var d map[string]uint64
 	if err := json.Unmarshal([]byte(l.Annotations[annotationDemand]), &d); err != nil {
 		return NodeDemand{}, false, fmt.Errorf("demand lease %s: annotation %s: %w", l.Name, annotationDemand, err)
@@ -299,6 +292,27 @@ func parseDemandLease(l *coordinationv1.Lease, now time.Time, maxAge time.Durati
 		}
 	}
 	return nd, true, nil
+}
+
+// nodeOf is the node whose Lease l is, if it is a node's Lease that
+// still stands at now: labelled, named DemandLeasePrefix + its holder (as
+// the admission policy binds it to the holder's node), renewed no more than
+// its duration ago, and that at most maxAge, and not more than
+// demand.ClockSkew ahead of now.
+func nodeOf(l *coordinationv1.Lease, now time.Time, maxAge time.Duration) (string, bool) {
+	if l.Labels[labelDemand] != "node" || l.Spec.HolderIdentity == nil || l.Spec.RenewTime == nil || l.Spec.LeaseDurationSeconds == nil {
+		return "", false
+	}
+	node := *l.Spec.HolderIdentity
+	if node == "" || l.Name != DemandLeasePrefix+node {
+		return "", false
+	}
+	renewed := l.Spec.RenewTime.Time
+	age := min(time.Duration(*l.Spec.LeaseDurationSeconds)*time.Second, maxAge)
+	if now.Sub(renewed) > age || renewed.Sub(now) > demand.ClockSkew {
+		return "", false
+	}
+	return node, true
 }
 
 // counted is one limit's input to a round computed at t: the demand of

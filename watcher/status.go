@@ -5,10 +5,10 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
-	"maps"
 	"math"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -18,7 +18,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/scheme"
@@ -37,21 +36,23 @@ import (
 //
 // Every agent reports what became of each limit on its node when that is
 // not plainly "applied" (it did not fit, it was clamped, it runs at the
-// uplinks instead of the endpoints, its pacing has no fq), as an Event on
-// the RateLimit: client-go's event recorder deduplicates repeats into one
-// Event's count and rate-limits a node that reports too much. One agent,
-// elected with a Lease, writes each RateLimit's status: the count, and the
+// uplinks instead of the endpoints, its pacing has no fq) in its node's
+// own Lease (see verdicts.go), and as an Event on the RateLimit for
+// people: client-go's event recorder deduplicates repeats into one Event's
+// count and rate-limits a node that reports too much. One agent, elected
+// with a Lease, writes each RateLimit's status: the count, and the
 // Accepted condition, which reflects the worst node report for the current
-// generation. Writes then grow with the changes, not with the nodes.
+// generation, read from the nodes' Leases (never from Events, which anyone
+// who may create Events in default could forge). Writes then grow with
+// the changes, not with the nodes.
 
-// Annotations of a node report, read by the writer.
+// Annotations of a node's Event: who reported, for which generation, and
+// when (in Unix nanoseconds). For people and tools; the status writer
+// reads the nodes' Leases.
 const (
 	annotationNode       = "rlagent.io/node"
 	annotationGeneration = "rlagent.io/generation"
-	// annotationReported is when the node made the report, in Unix
-	// nanoseconds: Event times count whole seconds, and a node's reports
-	// within one second must keep their order.
-	annotationReported = "rlagent.io/reported"
+	annotationReported   = "rlagent.io/reported"
 )
 
 // ReasonApplied is a node report that clears an earlier one.
@@ -61,14 +62,11 @@ const ReasonApplied = "Applied"
 // demand allocation in the status (a Warning Event; not a condition).
 const ReasonAllocationRefused = "AllocationRefused"
 
-// reportTTL is how long a node report stands without being made again. A
-// node reports its problems again every reportEvery, so a report older
-// than reportTTL is of a node that recovered without saying so (its agent
-// restarted) or is gone.
-const (
-	reportEvery = 10 * time.Minute
-	reportTTL   = 3*reportEvery + time.Minute
-)
+// reportEvery is how often a node repeats the Event of a problem that
+// lasts. Its Lease's verdicts need no repeating: they stand while the
+// Lease does (a node that is gone stops renewing it, and an agent that
+// restarts writes its verdicts anew).
+const reportEvery = 10 * time.Minute
 
 // Verdict is what one node says of a limit it tried to apply.
 type Verdict struct {
@@ -124,14 +122,19 @@ func severity(reason string) int {
 	return 0
 }
 
-// Reporter sends this node's verdicts as Events on the RateLimits.
+// Reporter reports this node's verdicts: in the node's own Lease (Flush),
+// which the status writer reads into the Accepted condition, and as Events
+// on the RateLimits, for people.
 type Reporter struct {
+	k           *Kubernetes
 	node        string
 	broadcaster record.EventBroadcaster
 	recorder    record.EventRecorder
 
-	mu   sync.Mutex
-	last map[string]sent // by limit name
+	mu       sync.Mutex
+	last     map[string]sent        // Events, by limit name
+	verdicts map[string]nodeVerdict // for the Lease: the limits not plainly applied
+	written  *string                // the Lease's verdicts as last written (nil: not yet)
 }
 
 type sent struct {
@@ -147,11 +150,37 @@ func NewReporter(k *Kubernetes) *Reporter {
 	b := record.NewBroadcaster()
 	b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: k.cfg.Client.CoreV1().Events("")})
 	return &Reporter{
+		k:           k,
 		node:        k.cfg.NodeName,
 		broadcaster: b,
 		recorder:    b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "rlagent", Host: k.cfg.NodeName}),
 		last:        make(map[string]sent),
+		verdicts:    make(map[string]nodeVerdict),
 	}
+}
+
+// Flush writes this node's verdicts into its Lease if they changed since
+// the last write that succeeded (a failed write is tried again by the
+// next Flush).
+func (r *Reporter) Flush(ctx context.Context) error {
+	r.mu.Lock()
+	value, err := encodeVerdicts(r.verdicts)
+	same := r.written != nil && *r.written == value
+	r.mu.Unlock()
+	if err != nil || same {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	// A new Lease lasts as long as the demand report's default (two
+	// keep-alives of 15 s intervals), until the publisher's write.
+	if err := writeVerdicts(ctx, r.k, value, time.Now(), maxReportAge(15*time.Second)); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	r.written = &value
+	r.mu.Unlock()
+	return nil
 }
 
 // Close flushes and stops the event broadcaster.
@@ -162,9 +191,14 @@ func (r *Reporter) Close() { r.broadcaster.Shutdown() }
 // reportEvery ago. A node with nothing to report sends nothing, unless it
 // reported a problem before (then Applied, which clears it).
 func (r *Reporter) Report(obj *unstructured.Unstructured, v Verdict, now time.Time) {
-	reason, message, _ := v.report()
+	reason, message, sev := v.report()
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if sev > 0 {
+		r.verdicts[obj.GetName()] = nodeVerdict{UID: obj.GetUID(), Generation: obj.GetGeneration(), Reason: reason, Message: message}
+	} else {
+		delete(r.verdicts, obj.GetName())
+	}
 	prev, had := r.last[obj.GetName()]
 	same := had && prev.uid == obj.GetUID() && prev.generation == obj.GetGeneration()
 	switch {
@@ -204,6 +238,11 @@ func (r *Reporter) Forget(keep func(name string) bool) {
 			delete(r.last, name)
 		}
 	}
+	for name := range r.verdicts {
+		if !keep(name) {
+			delete(r.verdicts, name)
+		}
+	}
 }
 
 // StatusConfig configures the status writer.
@@ -239,10 +278,10 @@ type StatusWriter struct {
 	mu      sync.Mutex
 	leading bool
 	queue   workqueue.TypedRateLimitingInterface[string]
-	events  cache.SharedIndexInformer
 
-	// While leading: the demand Leases, and the allocator of each
-	// demand-shared limit (used by sync alone).
+	// While leading: the nodes' Leases (their demand reports and
+	// verdicts), and the allocator of each demand-shared limit (used by
+	// sync alone).
 	leases cache.SharedIndexInformer
 	allocs map[string]*demand.Allocator
 }
@@ -364,54 +403,54 @@ func (w *StatusWriter) elect(ctx context.Context) {
 func (w *StatusWriter) lead(ctx context.Context) {
 	w.log.Info("writing RateLimit status (this agent holds the Lease)", "lease", w.cfg.Namespace+"/"+w.cfg.LeaseName)
 	queue := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]())
-	sel := fields.Set{"involvedObject.kind": "RateLimit", "source": "rlagent"}.AsSelector().String()
-	events := cache.NewSharedIndexInformer(cache.NewFilteredListWatchFromClient(
-		w.k.cfg.Client.CoreV1().RESTClient(), "events", metav1.NamespaceDefault,
-		func(o *metav1.ListOptions) { o.FieldSelector = sel },
-	), &corev1.Event{}, 5*time.Minute, cache.Indexers{byLimit: func(obj any) ([]string, error) {
-		if e, ok := obj.(*corev1.Event); ok {
-			return []string{e.InvolvedObject.Name}, nil
-		}
-		return nil, nil
-	}})
-	events.AddEventHandler(handler(func(obj any) {
-		if e, ok := obj.(*corev1.Event); ok {
-			queue.Add(e.InvolvedObject.Name)
-		}
-	}))
-	// The demand Leases, watched only by the agent that allocates: a
-	// report changes the allocation of the limits with share demand.
+	// The nodes' Leases, watched only by the agent that writes status: a
+	// report changes the allocation of the limits with share demand, and
+	// a node's verdicts the Accepted condition of the limits they name.
 	leases := cache.NewSharedIndexInformer(cache.NewFilteredListWatchFromClient(
 		w.k.cfg.Client.CoordinationV1().RESTClient(), "leases", w.cfg.Namespace,
 		func(o *metav1.ListOptions) { o.LabelSelector = labelDemand + "=node" },
-	), &coordinationv1.Lease{}, 0, cache.Indexers{})
-	leases.AddEventHandler(handler(func(any) {
+	), &coordinationv1.Lease{}, 0, cache.Indexers{byLimit: verdictLimits})
+	changed := func(objs ...any) {
 		limits, _ := w.k.Limits()
 		for _, l := range limits {
 			if l.Share == v1alpha1.ShareDemand {
 				queue.Add(l.Name)
 			}
 		}
-	}))
-	go events.RunWithContext(ctx)
+		for _, obj := range objs {
+			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = t.Obj
+			}
+			if l, ok := obj.(*coordinationv1.Lease); ok {
+				for name := range parseVerdicts(l) {
+					queue.Add(name)
+				}
+			}
+		}
+	}
+	leases.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { changed(obj) },
+		UpdateFunc: func(old, obj any) { changed(old, obj) },
+		DeleteFunc: func(obj any) { changed(obj) },
+	})
 	go leases.RunWithContext(ctx)
 	defer queue.ShutDown()
-	if !cache.WaitForCacheSync(ctx.Done(), events.HasSynced, leases.HasSynced) {
+	if !cache.WaitForCacheSync(ctx.Done(), leases.HasSynced) {
 		return
 	}
 	w.mu.Lock()
-	w.leading, w.queue, w.events = true, queue, events
+	w.leading, w.queue = true, queue
 	w.leases, w.allocs = leases, make(map[string]*demand.Allocator)
 	w.mu.Unlock()
 	defer func() {
 		w.mu.Lock()
-		w.leading, w.queue, w.events = false, nil, nil
+		w.leading, w.queue = false, nil
 		w.leases, w.allocs = nil, nil
 		w.mu.Unlock()
 	}()
 	w.Changed()
 	go func() {
-		// The reports expire: look at every limit again now and then.
+		// The Leases expire: look at every limit again now and then.
 		t := time.NewTicker(time.Minute)
 		defer t.Stop()
 		for {
@@ -430,7 +469,7 @@ func (w *StatusWriter) lead(ctx context.Context) {
 			return
 		}
 		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		err := w.sync(rctx, queue, events, leases, name)
+		err := w.sync(rctx, queue, leases, name)
 		cancel()
 		if err != nil {
 			w.log.Debug("RateLimit status not written; retrying", "limit", name, "error", err)
@@ -446,7 +485,7 @@ const byLimit = "limit"
 
 // sync writes one RateLimit's status if it is not what the writer sees.
 func (w *StatusWriter) sync(ctx context.Context, queue workqueue.TypedRateLimitingInterface[string],
-	events, leases cache.SharedIndexInformer, name string) error {
+	leases cache.SharedIndexInformer, name string) error {
 	obj, ok, err := w.k.rlInformer.GetStore().GetByKey(name)
 	if err != nil || !ok {
 		return err
@@ -471,7 +510,7 @@ func (w *StatusWriter) sync(ctx context.Context, queue workqueue.TypedRateLimiti
 	if invalid[name] != nil {
 		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, v1alpha1.ReasonInvalid, invalid[name].Error()
 	} else {
-		cond.Status, cond.Reason, cond.Message = w.accepted(events, cur, time.Now())
+		cond.Status, cond.Reason, cond.Message = w.accepted(leases, cur, time.Now())
 	}
 	// The count, also of a limit the agents reject: it says what the
 	// limit would be divided by.
@@ -627,39 +666,41 @@ func (w *StatusWriter) demandParams() v1alpha1.DemandShares {
 	return p
 }
 
-// accepted is the Accepted condition of a valid limit from the node
-// reports of its current generation: the worst one stands (ties: the first
-// node by name), with how many other nodes report a problem.
-func (w *StatusWriter) accepted(events cache.SharedIndexInformer, rl *unstructured.Unstructured, now time.Time) (metav1.ConditionStatus, string, string) {
-	gen := strconv.FormatInt(rl.GetGeneration(), 10)
-	latest := make(map[string]*corev1.Event) // by node
-	objs, _ := events.GetIndexer().ByIndex(byLimit, rl.GetName())
+// accepted is the Accepted condition of a valid limit from the verdicts
+// of its current generation in the nodes' Leases (a Lease counts as
+// parseDemandLease accepts it: its node's own, not expired): the worst one
+// stands (ties: the first node by name), with how many other nodes report
+// a problem.
+func (w *StatusWriter) accepted(leases cache.SharedIndexInformer, rl *unstructured.Unstructured, now time.Time) (metav1.ConditionStatus, string, string) {
+	p := w.demandParams()
+	type report struct{ node, reason, message string }
+	var reports []report
+	objs, _ := leases.GetIndexer().ByIndex(byLimit, rl.GetName())
 	for _, obj := range objs {
-		e, ok := obj.(*corev1.Event)
-		if !ok || e.InvolvedObject.UID != rl.GetUID() || e.Annotations[annotationGeneration] != gen {
+		l, ok := obj.(*coordinationv1.Lease)
+		if !ok || l.Namespace != w.cfg.Namespace {
 			continue
 		}
-		node := e.Annotations[annotationNode]
-		if node == "" || now.Sub(eventTime(e)) > reportTTL {
+		node, ok := nodeOf(l, now, maxReportAge(p.Interval.Duration))
+		if !ok {
 			continue
 		}
-		if p := latest[node]; p == nil || later(e, p) {
-			latest[node] = e
+		v, ok := parseVerdicts(l)[rl.GetName()]
+		if !ok || v.UID != rl.GetUID() || v.Generation != rl.GetGeneration() || severity(v.Reason) == 0 {
+			continue
 		}
+		reports = append(reports, report{node, v.Reason, v.Message})
 	}
-	var worst *corev1.Event
+	slices.SortFunc(reports, func(a, b report) int { return strings.Compare(a.node, b.node) })
+	var worst *report
 	others := 0
-	nodes := slices.Sorted(maps.Keys(latest))
-	for _, node := range nodes {
-		e := latest[node]
-		if severity(e.Reason) == 0 {
-			continue
-		}
-		if worst == nil || severity(e.Reason) > severity(worst.Reason) {
+	for i := range reports {
+		r := &reports[i]
+		if worst == nil || severity(r.reason) > severity(worst.reason) {
 			if worst != nil {
 				others++
 			}
-			worst = e
+			worst = r
 		} else {
 			others++
 		}
@@ -667,39 +708,13 @@ func (w *StatusWriter) accepted(events cache.SharedIndexInformer, rl *unstructur
 	if worst == nil {
 		return metav1.ConditionTrue, v1alpha1.ReasonValid, ""
 	}
-	msg := worst.Message
+	msg := fmt.Sprintf("node %s: %s", worst.node, worst.message)
 	if others > 0 {
 		msg += fmt.Sprintf(" (and %d more node(s); see the RateLimit's events)", others)
 	}
 	status := metav1.ConditionTrue
-	if worst.Reason == v1alpha1.ReasonDoesNotFit {
+	if worst.reason == v1alpha1.ReasonDoesNotFit {
 		status = metav1.ConditionFalse
 	}
-	return status, worst.Reason, msg
-}
-
-// later reports whether node report a is later than b: by the Events'
-// times (a repeated report is counted on the first Event, and its time
-// moves), then by when the node made them.
-func later(a, b *corev1.Event) bool {
-	ta, tb := eventTime(a), eventTime(b)
-	if !ta.Equal(tb) {
-		return ta.After(tb)
-	}
-	ra, _ := strconv.ParseInt(a.Annotations[annotationReported], 10, 64)
-	rb, _ := strconv.ParseInt(b.Annotations[annotationReported], 10, 64)
-	return ra > rb
-}
-
-// eventTime is when an Event last happened.
-func eventTime(e *corev1.Event) time.Time {
-	switch {
-	case e.Series != nil:
-		return e.Series.LastObservedTime.Time
-	case !e.LastTimestamp.IsZero():
-		return e.LastTimestamp.Time
-	case !e.EventTime.IsZero():
-		return e.EventTime.Time
-	}
-	return e.CreationTimestamp.Time
+	return status, worst.reason, msg
 }

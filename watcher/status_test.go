@@ -64,7 +64,7 @@ func statusOf(t *testing.T, rl dynamic.ResourceInterface, name string) (v1alpha1
 
 // TestStatusOneWriter: of three agents, one holds the Lease and writes
 // RateLimit status; a count change is one status write, whatever the
-// number of agents. Node reports (Events) reach the condition: the worst
+// number of agents. Node reports (in the nodes' Leases) reach the condition: the worst
 // report stands, with how many other nodes report a problem, and
 // lastTransitionTime moves only when the condition's status does. When the
 // writer stops, another agent takes over and writes the next change.
@@ -138,18 +138,25 @@ func TestStatusOneWriter(t *testing.T) {
 		t.Errorf("one count change, %d status writes; want 1", n)
 	}
 
-	// Node reports.
+	// Node reports, in each node's Lease.
 	cur := func() *unstructured.Unstructured { return agents[0].k.RateLimit("one-writer") }
-	agents[1].rep.Report(cur(), Verdict{NotApplied: "the data path holds 128 limits"}, time.Now())
+	report := func(a *agentStatus, v Verdict) {
+		t.Helper()
+		a.rep.Report(cur(), v, time.Now())
+		if err := a.rep.Flush(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	report(agents[1], Verdict{NotApplied: "the data path holds 128 limits"})
 	c := waitStatus("node-b does not fit", "False", v1alpha1.ReasonDoesNotFit, "node node-b: the data path holds 128 limits", 2)
 	if !c.LastTransitionTime.After(first.LastTransitionTime.Time) {
 		t.Errorf("True -> False kept lastTransitionTime %v", c.LastTransitionTime)
 	}
-	agents[2].rep.Report(cur(), Verdict{Clamped: "share clamped to 4000000000/s"}, time.Now())
+	report(agents[2], Verdict{Clamped: "share clamped to 4000000000/s"})
 	waitStatus("node-c clamped too", "False", v1alpha1.ReasonDoesNotFit, "node node-b: the data path holds 128 limits (and 1 more node(s)", 2)
-	agents[1].rep.Report(cur(), Verdict{}, time.Now())
+	report(agents[1], Verdict{})
 	c2 := waitStatus("node-b applied", "True", v1alpha1.ReasonClamped, "node node-c: share clamped", 2)
-	agents[2].rep.Report(cur(), Verdict{}, time.Now())
+	report(agents[2], Verdict{})
 	c3 := waitStatus("node-c applied", "True", v1alpha1.ReasonValid, "", 2)
 	if !c3.LastTransitionTime.Equal(&c2.LastTransitionTime) {
 		t.Errorf("True (Clamped) -> True (Valid) moved lastTransitionTime from %v to %v", c2.LastTransitionTime, c3.LastTransitionTime)
