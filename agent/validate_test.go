@@ -322,7 +322,7 @@ func TestGSOBurstWarning(t *testing.T) {
 		{"{rate: 100000, unit: bytes, match: {direction: egress}}", true},
 		{"{rate: 100000, unit: bytes, attach: endpoints, match: {dstCIDRs: [10.0.0.1]}}", true},
 		{"{rate: 100000, unit: bytes, burst: 200000, match: {direction: egress}}", false},
-		{"{rate: 100000, unit: bytes}", false},
+		{"{rate: 100000, unit: bytes, match: {}}", false},
 		{"{rate: 100000, match: {direction: egress}}", false},
 		// Paced: 64 KiB beyond a 10 KB burst at 100 KB/s waits ~560 ms.
 		{"{rate: 100000, unit: bytes, action: pace, match: {direction: egress}}", true},

@@ -190,6 +190,14 @@ func wrap(doing string, err error) error {
 
 var durationType = reflect.TypeFor[metav1.Duration]()
 
+// requiredMappings are the fields, by the struct type that has them, whose
+// value is a mapping that must be written even when it is empty: their
+// zero value is a valid value ({} for match), so after decoding nothing
+// tells a field left out from one written empty, and only the file can.
+var requiredMappings = map[reflect.Type][]struct{ name, detail string }{
+	reflect.TypeFor[Limit](): {{"match", "required: which packets the limit applies to; match: {} applies it to every ingress packet"}},
+}
+
 // toJSON checks a decoded YAML value against the Go type it will be decoded
 // into (field names, and the kind of every value) and converts it to a value
 // encoding/json marshals: mappings to map[string]any, numbers where a string
@@ -239,6 +247,11 @@ func toJSON(v any, t reflect.Type, path string) (any, []error) {
 			fv, fel := toJSON(item.Value, ft, field(path, key))
 			out[key] = fv
 			el = append(el, fel...)
+		}
+		for _, r := range requiredMappings[t] {
+			if out[r.name] == nil { // left out, or null
+				el = append(el, &FieldError{Field: field(path, r.name), Detail: r.detail})
+			}
 		}
 		return out, el
 	case reflect.Slice:

@@ -441,3 +441,28 @@ func TestDefaultAttach(t *testing.T) {
 		}
 	}
 }
+
+// TestMatchRequired: a limit without match (left out, or null) is an error
+// naming the field, as the docs say Required; match: {} is the explicit way
+// to match every ingress packet.
+func TestMatchRequired(t *testing.T) {
+	for _, tt := range []struct{ name, limit string }{
+		{"left out", "- name: a\n  rate: 10\n"},
+		{"null", "- name: a\n  rate: 10\n  match:\n"},
+		{"flow, left out", "- {name: a, rate: 10}\n"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := ParseConfig([]byte("interfaces: [eth0]\nlimits:\n- name: ok\n  rate: 1\n  match: {}\n" + tt.limit))
+			if err == nil || !strings.Contains(err.Error(), "limits[1].match: required") || !strings.Contains(err.Error(), "match: {}") {
+				t.Errorf("error %v: want limits[1].match: required, naming match: {}", err)
+			}
+		})
+	}
+	c, err := ParseConfig([]byte("interfaces: [eth0]\nlimits:\n- name: all\n  rate: 10\n  match: {}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := c.Limits[0].Match; m.Direction != DirectionIngress || m.Protocol != ProtocolAny || m.DstPorts != nil || m.SrcCIDRs != nil || m.DstCIDRs != nil {
+		t.Errorf("match: {} defaulted to %+v, want every ingress packet", m)
+	}
+}
