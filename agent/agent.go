@@ -478,6 +478,9 @@ func loadConfig(opts Options) (*v1alpha1.Config, error) {
 	if opts.PinDir != "" {
 		cfg.PinDir = opts.PinDir
 	}
+	if cfg.ProtectOff() { // at every start and reload, as protectAPIServer: false
+		opts.Log.Warn(v1alpha1.ProtectOffWarning, "path", opts.ConfigPath)
+	}
 	return cfg, nil
 }
 

@@ -195,7 +195,9 @@ func TestProtectFailureDoesNotStopLimits(t *testing.T) {
 	src.set(1)
 	a := newTestAgent(t, twoLimits, src)
 	// 32 rules from the file (validation would reject it) and the API
-	// server: 33 do not fit the data path.
+	// server: 33 do not fit the data path. (The file's default rule ssh
+	// is dropped first, so that the 32 are these.)
+	a.cfg.Protect = nil
 	for i := range v1alpha1.MaxProtect + 1 {
 		a.cfg.Protect = append(a.cfg.Protect, v1alpha1.Protect{Name: fmt.Sprintf("r%d", i), LocalPorts: []string{fmt.Sprint(1000 + i)}})
 	}

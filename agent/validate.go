@@ -61,6 +61,9 @@ func ValidateConfig(cfg *v1alpha1.Config) (warnings []string, err error) {
 		if w := rejectWarning(cfg, &l.RateLimitSpec); w != "" {
 			warnings = append(warnings, fmt.Sprintf("limits[%d] (%s): %s", i, l.Name, w))
 		}
+		if w := lifelineWarning(cfg, &l.RateLimitSpec, &ms[i]); w != "" {
+			warnings = append(warnings, fmt.Sprintf("limits[%d] (%s): %s", i, l.Name, w))
+		}
 	}
 	return warnings, errors.Join(errs...)
 }
@@ -78,6 +81,44 @@ func rejectWarning(cfg *v1alpha1.Config, s *v1alpha1.RateLimitSpec) string {
 		return "action reject answers TCP SYNs and UDP datagrams only: on protocol icmp it drops, unanswered"
 	case cfg.RejectBudget.Rate != nil && *cfg.RejectBudget.Rate == 0:
 		return "action reject with rejectBudget.rate 0 answers nothing: it drops"
+	}
+	return ""
+}
+
+// lifelineWarning says when a limit matches ingress TCP to a local port of
+// the default protect list (v1alpha1.DefaultProtect: SSH) at the uplinks,
+// where it can drop the node's own SSH:
+//   - the file's protect list does not exempt the port from every peer
+//     (protect: [], or a list without such a rule): the limit can cut the
+//     node off, so it is warned of, unless it only counts (shadow);
+//   - the list exempts it and the limit names the port in dstPorts: the
+//     limit never sees those packets, which its author may not expect.
+//
+// A limit that matches the port only because its match is wide (no
+// dstPorts) while the port is protected is the protection working, and not
+// warned of.
+func lifelineWarning(cfg *v1alpha1.Config, s *v1alpha1.RateLimitSpec, m *limitMatch) string {
+	if m.dir != v1alpha1.DirectionIngress || s.Attach == v1alpha1.AttachEndpoints {
+		return ""
+	}
+	for _, d := range v1alpha1.DefaultProtect() {
+		for _, ps := range d.LocalPorts {
+			port, _, err := v1alpha1.ParsePortRange(ps)
+			if err != nil || !m.matchesPort(classTCP, port) {
+				continue
+			}
+			rule, protected := cfg.ProtectsLocalTCP(port)
+			switch {
+			case !protected && s.Action != v1alpha1.ActionShadow:
+				return fmt.Sprintf("matches TCP to local port %d (%s) and the protect list does not exempt it from every peer "+
+					"(protect: [] turns the default rule %s off): the limit can cut the node off %s; "+
+					"add a protect rule for it, narrow the match, or leave protect out for the default",
+					port, d.Name, d.Name, strings.ToUpper(d.Name))
+			case protected && len(m.ports) > 0:
+				return fmt.Sprintf("match.dstPorts covers TCP port %d, which the protect rule %s exempts from every limit: "+
+					"the limit never sees TCP to it", port, rule)
+			}
+		}
 	}
 	return ""
 }

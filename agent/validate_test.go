@@ -1,10 +1,14 @@
 package agent
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -370,6 +374,34 @@ func TestRejectWarning(t *testing.T) {
 		got := slices.ContainsFunc(w, func(s string) bool { return strings.Contains(s, "action reject") })
 		if got != (tt.warn != "") || (got && !slices.ContainsFunc(w, func(s string) bool { return strings.Contains(s, tt.warn) })) {
 			t.Errorf("%s%s: warnings %q, want one saying %q", tt.budget, tt.spec, w, tt.warn)
+		}
+	}
+}
+
+// TestProtectOffWarnedAtLoad: protect: [] is logged as a warning every
+// time the agent loads the file (loadConfig, at the start and at every
+// reload); a file without protect (the default rule ssh) is not.
+func TestProtectOffWarnedAtLoad(t *testing.T) {
+	for _, tc := range []struct {
+		yaml string
+		warn bool
+	}{
+		{"interfaces: [lo]\nprotect: []\n", true},
+		{"interfaces: [lo]\n", false},
+	} {
+		path := filepath.Join(t.TempDir(), "rlagent.yaml")
+		if err := os.WriteFile(path, []byte(tc.yaml), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		var logs bytes.Buffer
+		opts := Options{ConfigPath: path, Log: slog.New(slog.NewTextHandler(&logs, nil))}
+		for range 2 { // the start, a reload
+			if _, err := loadConfig(opts); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if n := strings.Count(logs.String(), "level=WARN msg=\"protect is empty"); n != map[bool]int{true: 2, false: 0}[tc.warn] {
+			t.Errorf("%q: %d warnings in two loads, want one each: %t\n%s", tc.yaml, n, tc.warn, logs.String())
 		}
 	}
 }

@@ -83,6 +83,9 @@ func (c *Config) Default() {
 	for i := range c.Limits {
 		c.Limits[i].Default()
 	}
+	if c.Protect == nil { // left out; [] (not nil) turns protection off
+		c.Protect = DefaultProtect()
+	}
 	for i := range c.Protect {
 		c.Protect[i].Default()
 	}

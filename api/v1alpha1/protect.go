@@ -75,6 +75,54 @@ func (p *Protect) Default() {
 	}
 }
 
+// DefaultProtect is the protect list of a file that does not say protect:
+// SSH to the node (tcp, local port 22) from every peer, so that a limit
+// that matches everything (rlagent limits set x --rate 1) does not cut off
+// the administrator who would remove it. protect: [] turns it off.
+func DefaultProtect() []Protect {
+	return []Protect{{Name: "ssh", Protocol: ProtocolTCP, LocalPorts: []string{"22"}}}
+}
+
+// ProtectOff reports whether a defaulted config protects nothing of its
+// own: protect: [] in the file. The agent warns at every start and reload.
+func (c *Config) ProtectOff() bool {
+	return len(c.Protect) == 0
+}
+
+// ProtectOffWarning is what the agent logs while ProtectOff.
+const ProtectOffWarning = "protect is empty ([]): no traffic is protected from the limits, not even SSH; a limit can cut the node off the connection that would carry the fix (leave protect out for the default rule ssh, tcp port 22)"
+
+// ProtectsLocalTCP reports whether the protect list exempts TCP to the
+// node's local port from every peer, and names the rule that does.
+func (c *Config) ProtectsLocalTCP(port uint16) (string, bool) {
+	for _, p := range c.Protect {
+		if p.Protocol == ProtocolUDP || !everyPeer(p.Peers) {
+			continue
+		}
+		for _, s := range p.LocalPorts {
+			if first, last, err := ParsePortRange(s); err == nil && first <= port && port <= last {
+				return p.Name, true
+			}
+		}
+	}
+	return "", false
+}
+
+// everyPeer reports whether a protect rule's peers are every address of
+// both families.
+func everyPeer(peers []string) bool {
+	if len(peers) == 0 {
+		return true
+	}
+	var v4, v6 bool
+	for _, s := range peers {
+		if p, err := ParseCIDR(s); err == nil && p.Bits() == 0 {
+			v4, v6 = v4 || p.Addr().Is4(), v6 || !p.Addr().Is4()
+		}
+	}
+	return v4 && v6
+}
+
 // ProtectsAPIServer reports whether the agent protects its own API server
 // connection: unless protectAPIServer is false, it does.
 func (c *Config) ProtectsAPIServer() bool {

@@ -280,3 +280,59 @@ func TestProtectConfigMap(t *testing.T) {
 		t.Errorf("the ConfigMap turns the API server's protection off")
 	}
 }
+
+// TestProtectDefault: a file without protect (or with protect: null) gets
+// the rule ssh, tcp local port 22 from every peer; protect: [] turns
+// protection off and stays [] when the file is written back (limits set);
+// a list left out stays left out.
+func TestProtectDefault(t *testing.T) {
+	const head = "interfaces: [eth0]\n"
+	ssh := []v1alpha1.Protect{{Name: "ssh", Protocol: v1alpha1.ProtocolTCP, LocalPorts: []string{"22"}}}
+	for _, tc := range []struct {
+		yaml string
+		want []v1alpha1.Protect
+		off  bool
+	}{
+		{head, ssh, false},
+		{head + "protect:\n", ssh, false},
+		{head + "protect: []\n", []v1alpha1.Protect{}, true},
+		{head + "protect: [{name: web, protocol: tcp, localPorts: [443]}]\n", []v1alpha1.Protect{{Name: "web", Protocol: v1alpha1.ProtocolTCP, LocalPorts: []string{"443"}}}, false},
+	} {
+		c, err := v1alpha1.ParseConfig([]byte(tc.yaml))
+		if err != nil {
+			t.Fatalf("%q: %v", tc.yaml, err)
+		}
+		if !reflect.DeepEqual(c.Protect, tc.want) || c.ProtectOff() != tc.off {
+			t.Errorf("%q: protect %+v, off %v; want %+v, off %v", tc.yaml, c.Protect, c.ProtectOff(), tc.want, tc.off)
+		}
+		wantSSH := len(tc.want) > 0 && tc.want[0].Name == "ssh"
+		if name, ok := c.ProtectsLocalTCP(22); ok != wantSSH || wantSSH && name != "ssh" {
+			t.Errorf("%q: ProtectsLocalTCP(22) = %q, %v", tc.yaml, name, ok)
+		}
+	}
+
+	// Written back as it was decoded: [] kept, left out kept out.
+	for _, tc := range []struct{ in, want string }{
+		{head + "protect: []\n", "protect: []\n"},
+		{head, ""},
+	} {
+		raw, err := v1alpha1.DecodeConfig([]byte(tc.in))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := raw.Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Contains(string(out), "protect"); got != (tc.want != "") || !strings.Contains(string(out), tc.want) {
+			t.Errorf("%q marshals as\n%s\nwant %q", tc.in, out, tc.want)
+		}
+		c, err := v1alpha1.ParseConfig(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.ProtectOff() != (tc.want != "") {
+			t.Errorf("%q after a round trip: protection off %v", tc.in, c.ProtectOff())
+		}
+	}
+}

@@ -38,8 +38,12 @@ type Config struct {
 	// SSH and the kubelet. Protected packets pass before any limit is looked
 	// at. See Protect.
 	// (Optional) At most 31 rules (the data path holds 32 and keeps one for
-	// the agent's API server connection); names are unique.
-	Protect []Protect `json:"protect,omitempty"`
+	// the agent's API server connection); names are unique. Left out (or
+	// null): DefaultProtect, the rule ssh (tcp, localPorts [22]). An empty
+	// list ([]) protects nothing, with a warning at every start and reload.
+	// omitzero, not omitempty: an empty list is written back as [], a nil
+	// one (left out) not at all.
+	Protect []Protect `json:"protect,omitzero"`
 
 	// ProtectAPIServer protects the agent's own connection to its API
 	// server (in a cluster): the addresses and ports its packets really

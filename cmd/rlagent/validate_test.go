@@ -95,3 +95,56 @@ func TestValidate(t *testing.T) {
 		t.Errorf("a missing file: exit %d, stderr %q; want 1 and the cause", r.code, r.stderr)
 	}
 }
+
+// TestLifelineWarning: validate and limits set warn (exit 0) about a limit
+// that matches ingress TCP to SSH's port where the protect list does not
+// exempt it (protect: []), and about one that names the port while the
+// default rule exempts it; a file without protect gets the rule ssh, so a
+// match-all limit there is not warned of.
+func TestLifelineWarning(t *testing.T) {
+	const header = "interfaces: [eth0]\nmetricsAddress: \"off\"\n"
+	const cut = "matches TCP to local port 22 (ssh) and the protect list does not exempt it"
+	for _, tc := range []struct {
+		name, content, want string
+	}{
+		{"default list, match all", header + "limits:\n- {name: everything, rate: 1, match: {}}\n", ""},
+		{"protect off, match all", header + "protect: []\nlimits:\n- {name: everything, rate: 1, match: {}}\n", "warning: limits[0] (everything): " + cut},
+		{"protect off, tcp/22", header + "protect: []\nlimits:\n- {name: ssh, rate: 1, match: {protocol: tcp, dstPorts: [20-30]}}\n", "warning: limits[0] (ssh): " + cut},
+		{"protect off, udp", header + "protect: []\nlimits:\n- {name: dns, rate: 1, match: {protocol: udp}}\n", ""},
+		{"protect off, shadow", header + "protect: []\nlimits:\n- {name: all, rate: 1, action: shadow, match: {}}\n", ""},
+		{"protect off, egress", header + "protect: []\nlimits:\n- {name: out, rate: 1, match: {direction: egress}}\n", ""},
+		{"a list without ssh", header + "protect: [{name: web, protocol: tcp, localPorts: [443]}]\nlimits:\n- {name: everything, rate: 1, match: {}}\n", "warning: limits[0] (everything): " + cut},
+		{"ssh only from one network", header + "protect: [{name: ssh, protocol: tcp, peers: [10.0.0.0/8], localPorts: [22]}]\nlimits:\n- {name: everything, rate: 1, match: {}}\n", cut},
+		{"default list, names 22", header + "limits:\n- {name: brute, rate: 1, match: {protocol: tcp, dstPorts: [22]}}\n",
+			"warning: limits[0] (brute): match.dstPorts covers TCP port 22, which the protect rule ssh exempts"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := rlagent(t, "validate", "--config", writeConfig(t, tc.content))
+			if r.code != 0 {
+				t.Fatalf("exit %d, want 0; stderr %s", r.code, r.stderr)
+			}
+			if tc.want == "" && r.stderr != "" || !strings.Contains(r.stderr, tc.want) {
+				t.Errorf("stderr %q, want %q", r.stderr, tc.want)
+			}
+		})
+	}
+
+	// limits set: the warning, exit 0, the change made, protect: [] kept.
+	path := writeConfig(t, header+"protect: []\n")
+	r := rlagent(t, "limits", "set", "everything", "--rate", "1", "--config", path)
+	if r.code != 0 || !strings.Contains(r.stderr, "warning: limits[0] (everything): "+cut) {
+		t.Errorf("limits set with protect []: exit %d, stderr %q; want 0 and the warning", r.code, r.stderr)
+	}
+	if data, _ := os.ReadFile(path); !strings.Contains(string(data), "protect: []\n") || !strings.Contains(string(data), "name: everything") {
+		t.Errorf("limits set wrote\n%s\nwant the limit, and protect: [] kept", data)
+	}
+	// Without protect: no warning, and no protect written into the file.
+	path = writeConfig(t, header)
+	r = rlagent(t, "limits", "set", "everything", "--rate", "1", "--config", path)
+	if r.code != 0 || r.stderr != "" {
+		t.Errorf("limits set without protect: exit %d, stderr %q; want 0 and nothing", r.code, r.stderr)
+	}
+	if data, _ := os.ReadFile(path); strings.Contains(string(data), "protect") {
+		t.Errorf("limits set wrote\n%s\nwant no protect (the default stays implicit)", data)
+	}
+}
