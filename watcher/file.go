@@ -5,13 +5,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"os"
 	"strconv"
 	"sync"
-	"syscall"
 	"time"
+
+	"github.com/rlagent/rlagent/internal/regularfile"
 )
 
 // DefaultPollInterval is how often File reads its file.
@@ -104,7 +103,7 @@ var ErrEmpty = errors.New("empty")
 // ErrNotRegular is reported for a count file that is not a regular file (a
 // FIFO, a socket, a device or a directory): reading one can block the poll
 // loop forever or never end.
-var ErrNotRegular = errors.New("not a regular file")
+var ErrNotRegular = regularfile.ErrNotRegular
 
 // maxCountBytes is the most readCount reads: a replica count and some white
 // space. A longer file is not a count file, and is refused without reading
@@ -116,29 +115,17 @@ const maxCountBytes = 64
 const maxExcerpt = 24
 
 // readCount reads the replica count at path. It never blocks and never reads
-// more than maxCountBytes+1 bytes: the file is opened with O_NONBLOCK (so a
-// FIFO without a writer does not hold the open), checked with fstat on the
-// open descriptor (not a stat of the path, which a FIFO renamed over the
-// path right after could get past), and read through a limit.
+// more than maxCountBytes+1 bytes (regularfile.Read: O_NONBLOCK, fstat on the
+// open descriptor, a limited read).
 func readCount(path string) (int, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
-	if err != nil {
-		return 0, fmt.Errorf("read replica count: %w", err)
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return 0, fmt.Errorf("read replica count from %s: %w", path, err)
-	}
-	if !fi.Mode().IsRegular() {
-		return 0, fmt.Errorf("read replica count from %s: %w (%s)", path, ErrNotRegular, fileKind(fi.Mode()))
-	}
-	b, err := io.ReadAll(io.LimitReader(f, maxCountBytes+1))
-	if err != nil {
-		return 0, fmt.Errorf("read replica count from %s: %w", path, err)
-	}
-	if len(b) > maxCountBytes {
+	b, err := regularfile.Read(path, maxCountBytes)
+	switch {
+	case errors.Is(err, regularfile.ErrTooLarge):
 		return 0, fmt.Errorf("read replica count from %s: more than %d bytes, not one integer (starts %s)", path, maxCountBytes, excerpt(b))
+	case errors.Is(err, regularfile.ErrNotRegular):
+		return 0, fmt.Errorf("read replica count from %s: %w", path, err)
+	case err != nil:
+		return 0, fmt.Errorf("read replica count: %w", err)
 	}
 	b = bytes.TrimSpace(b)
 	if len(b) == 0 {
@@ -160,19 +147,4 @@ func excerpt(b []byte) string {
 		return strconv.Quote(string(b))
 	}
 	return strconv.Quote(string(b[:maxExcerpt])) + "..."
-}
-
-// fileKind names a file type for an error message.
-func fileKind(m os.FileMode) string {
-	switch {
-	case m&os.ModeNamedPipe != 0:
-		return "a FIFO"
-	case m&os.ModeSocket != 0:
-		return "a socket"
-	case m&os.ModeDevice != 0:
-		return "a device"
-	case m.IsDir():
-		return "a directory"
-	}
-	return m.Type().String()
 }

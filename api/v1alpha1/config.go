@@ -16,11 +16,33 @@ import (
 
 	yamlv2 "go.yaml.in/yaml/v2"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/rlagent/rlagent/internal/regularfile"
 )
 
-// LoadConfig reads the config file at path with ParseConfig.
+// MaxConfigBytes bounds a config file: far above the largest valid one
+// (128 limits with 256 networks on each side), far below what would strain
+// the agent's memory.
+const MaxConfigBytes = 16 << 20
+
+// ReadConfigFile reads the config file at path as it is: a regular file of
+// at most MaxConfigBytes, read without blocking on a FIFO and without
+// reading a device or a longer file to its end (regularfile.Read).
+func ReadConfigFile(path string) ([]byte, error) {
+	data, err := regularfile.Read(path, MaxConfigBytes)
+	switch {
+	case errors.Is(err, regularfile.ErrNotRegular), errors.Is(err, regularfile.ErrTooLarge):
+		return nil, fmt.Errorf("read config %s: %w", path, err)
+	case err != nil:
+		return nil, fmt.Errorf("read config: %w", err)
+	}
+	return data, nil
+}
+
+// LoadConfig reads the config file at path (ReadConfigFile) with
+// ParseConfig.
 func LoadConfig(path string) (*Config, error) {
-	data, err := os.ReadFile(path)
+	data, err := ReadConfigFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("load config: %w", err)
 	}

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -466,5 +467,43 @@ func TestMatchRequired(t *testing.T) {
 	}
 	if m := c.Limits[0].Match; m.Direction != DirectionIngress || m.Protocol != ProtocolAny || m.DstPorts != nil || m.SrcCIDRs != nil || m.DstCIDRs != nil {
 		t.Errorf("match: {} defaulted to %+v, want every ingress packet", m)
+	}
+}
+
+// TestLoadConfigNotRegular: the loader (rlagent validate, the agent's start
+// and reload) refuses a FIFO without a writer and /dev/zero at once, and a
+// regular file over MaxConfigBytes without reading it all; each case runs
+// under a deadline, since before it a FIFO blocked the read forever and
+// /dev/zero never ended.
+func TestLoadConfigNotRegular(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo.yaml")
+	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	big := filepath.Join(dir, "big.yaml")
+	if err := os.WriteFile(big, []byte("interfaces: [eth0]\n"+strings.Repeat("#", MaxConfigBytes)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ name, path, want string }{
+		{"fifo", fifo, "not a regular file (a FIFO)"},
+		{"dev-zero", "/dev/zero", "not a regular file (a device)"},
+		{"too large", big, "more than 16777216 bytes"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			done := make(chan error, 1)
+			go func() {
+				_, err := LoadConfig(tc.path)
+				done <- err
+			}()
+			select {
+			case err := <-done:
+				if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), tc.path) {
+					t.Errorf("LoadConfig(%s): %v; want an error naming the path and %q", tc.path, err, tc.want)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("LoadConfig(%s) has not returned after 10s", tc.path)
+			}
+		})
 	}
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"os"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -245,9 +244,9 @@ func newLimitsDeleteCmd(config *string, kube *kubeFlags) *cobra.Command {
 // With dryRun the file that would be written goes to stdout instead of
 // replacing the config; otherwise it is replaced atomically.
 func editConfig(cmd *cobra.Command, path string, dryRun bool, change func(*v1alpha1.Config) error) error {
-	data, err := os.ReadFile(path)
+	data, err := v1alpha1.ReadConfigFile(path)
 	if err != nil {
-		return fmt.Errorf("read config: %w", err)
+		return err
 	}
 	c, err := v1alpha1.DecodeConfig(data)
 	if err != nil {

@@ -2,10 +2,12 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"os"
 	"os/exec"
 	"testing"
+	"time"
 )
 
 // The tests run the command as a user does: this test binary, started again
@@ -27,10 +29,16 @@ type result struct {
 	code           int
 }
 
+// runDeadline bounds every run: a command that hangs (on a FIFO, say) is
+// killed, and its exit code (-1) fails the test instead of hanging it.
+const runDeadline = 60 * time.Second
+
 // rlagent runs the command with args and returns its output and exit code.
 func rlagent(t *testing.T, args ...string) result {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], args...)
+	ctx, cancel := context.WithTimeout(context.Background(), runDeadline)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], args...)
 	cmd.Env = append(os.Environ(), mainEnv+"=1", "KUBERNETES_SERVICE_HOST=")
 	var o, e bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &o, &e

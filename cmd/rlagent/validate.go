@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 
 	"github.com/spf13/cobra"
 
@@ -30,9 +29,9 @@ checks before they write.`,
   rlagent validate -c rlagent.yaml && cp rlagent.yaml /etc/rlagent/rlagent.yaml`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			data, err := os.ReadFile(config)
+			data, err := v1alpha1.ReadConfigFile(config)
 			if err != nil {
-				return fmt.Errorf("read config: %w", err)
+				return err
 			}
 			_, warnings, err := checkConfig(data)
 			printWarnings(cmd.ErrOrStderr(), warnings)

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/rlagent/rlagent/maps"
@@ -146,5 +147,26 @@ func TestLifelineWarning(t *testing.T) {
 	}
 	if data, _ := os.ReadFile(path); strings.Contains(string(data), "protect") {
 		t.Errorf("limits set wrote\n%s\nwant no protect (the default stays implicit)", data)
+	}
+}
+
+// TestConfigNotRegular: validate and limits set refuse a config path that
+// is a FIFO (with no writer: a plain read blocks forever) or a device
+// (/dev/zero: a plain read never ends), at once, with exit 1 and the kind.
+func TestConfigNotRegular(t *testing.T) {
+	fifo := filepath.Join(t.TempDir(), "rlagent.yaml")
+	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ path, kind string }{{fifo, "not a regular file (a FIFO)"}, {"/dev/zero", "not a regular file (a device)"}} {
+		for _, args := range [][]string{
+			{"validate", "--config", tc.path},
+			{"limits", "set", "x", "--rate", "1", "--config", tc.path},
+		} {
+			r := rlagent(t, args...)
+			if r.code != 1 || !strings.Contains(r.stderr, tc.kind) {
+				t.Errorf("%q: exit %d, stderr %q; want 1 and %q", args, r.code, r.stderr, tc.kind)
+			}
+		}
 	}
 }
