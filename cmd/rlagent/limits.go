@@ -243,7 +243,16 @@ func newLimitsDeleteCmd(config *string, kube *kubeFlags) *cobra.Command {
 // file the agent would reject is never written. Warnings go to stderr.
 // With dryRun the file that would be written goes to stdout instead of
 // replacing the config; otherwise it is replaced atomically.
+//
+// The file is locked (v1alpha1.LockConfig) from the read to the write, so
+// that concurrent edits, in this process or others, each see the one
+// before: none is lost.
 func editConfig(cmd *cobra.Command, path string, dryRun bool, change func(*v1alpha1.Config) error) error {
+	unlock, err := v1alpha1.LockConfig(path)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	data, err := v1alpha1.ReadConfigFile(path)
 	if err != nil {
 		return err

@@ -6,10 +6,13 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/rlagent/rlagent/api/v1alpha1"
+	"github.com/rlagent/rlagent/internal/testenv"
 	"github.com/rlagent/rlagent/maps"
 )
 
@@ -153,5 +156,51 @@ func TestLimitsSetNeverWritesWhatTheAgentRejects(t *testing.T) {
 	}
 	if c, err := v1alpha1.LoadConfig(path); err != nil || len(c.Limits) != maps.MaxMatch+1 {
 		t.Errorf("after the set: %v, want %d limits", err, maps.MaxMatch+1)
+	}
+}
+
+// TestLimitsSetConcurrent: 20 runs of rlagent limits set at once, each a
+// process of its own and each adding a limit, keep all 20 (the file is
+// locked from the read to the write: before, they kept as few as one, all
+// exiting 0), and the edits keep the file's mode and group (before, the
+// group became the editor's).
+func TestLimitsSetConcurrent(t *testing.T) {
+	testenv.RequireRoot(t) // to give the file another group
+	path := writeConfig(t, "interfaces: [eth0]\nmetricsAddress: \"off\"\n")
+	if err := os.Chown(path, 0, 65534); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(path, 0o640); err != nil {
+		t.Fatal(err)
+	}
+	const n = 20
+	var wg sync.WaitGroup
+	results := make([]result, n)
+	for i := range n {
+		wg.Go(func() {
+			results[i] = rlagent(t, "limits", "set", fmt.Sprintf("l%d", i), "--rate", "100",
+				"--protocol", "udp", "--dst-ports", fmt.Sprint(1000+i), "--config", path)
+		})
+	}
+	wg.Wait()
+	for i, r := range results {
+		if r.code != 0 {
+			t.Errorf("run %d: exit %d, stderr %s", i, r.code, r.stderr)
+		}
+	}
+	c, err := v1alpha1.LoadConfig(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Limits) != n {
+		t.Errorf("%d limits after %d concurrent limits set, want %d: %s", len(c.Limits), n, n, names(c))
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := fi.Sys().(*syscall.Stat_t)
+	if fi.Mode().Perm() != 0o640 || st.Uid != 0 || st.Gid != 65534 {
+		t.Errorf("file mode %v, owner %d, group %d; want -rw-r----- 0 65534 kept", fi.Mode().Perm(), st.Uid, st.Gid)
 	}
 }
