@@ -13,6 +13,9 @@ import (
 // pins: the maps, the links and the lock record. Other programs, filters
 // and qdiscs stay.
 func Cleanup(pinDir string) error {
+	if err := checkPinPath(pinDir); err != nil { // nothing is removed through a planted link
+		return fmt.Errorf("cleanup %s: %w", pinDir, err)
+	}
 	if err := attach.Cleanup(pinDir); err != nil {
 		return fmt.Errorf("cleanup %s: %w", pinDir, err)
 	}

@@ -47,8 +47,20 @@ const howToRun = "run the agent in the host's mount namespace with the host's bp
 //
 // ephemeral skips the last two checks: the caller accepts that enforcement
 // ends with the agent (a test, a demo). It returns what it did, for the log.
-func preparePinDir(dir string, ephemeral bool) (string, error) {
+func preparePinDir(dir string, ephemeral bool) (did string, err error) {
 	dir = filepath.Clean(dir)
+	if err := checkPinPath(dir); err != nil {
+		return "", err
+	}
+	defer func() {
+		// Again once the directories are made: a symlink planted while
+		// they were is caught before anything is pinned through it.
+		if err == nil {
+			if err = checkPinPath(dir); err != nil {
+				did = ""
+			}
+		}
+	}()
 	fi, err := os.Stat(dir)
 	switch {
 	case err == nil:
@@ -115,6 +127,51 @@ func preparePinDir(dir string, ephemeral bool) (string, error) {
 		return "", fmt.Errorf("pin directory %s: %w", dir, err)
 	}
 	return "mounted a BPF filesystem at " + mountAt, nil
+}
+
+// checkPinPath refuses a pin directory path that someone other than root
+// (or the agent's own user) could redirect: every component of dir that
+// exists, dir included, must be a directory that is not a symbolic link and
+// is owned by root or the agent's user. The agent creates, adopts and (with
+// rlagent cleanup) removes pins at dir; a symlink there or above, which any
+// owner of a parent directory can plant, would make it pin into, adopt from
+// or remove whatever the link points to. Components that do not exist yet
+// are the agent's to create (preparePinDir checks again after).
+func checkPinPath(dir string) error {
+	dir, err := filepath.Abs(dir) // cleaned
+	if err != nil {
+		return fmt.Errorf("pin directory %s: %w", dir, err)
+	}
+	euid := uint32(os.Geteuid())
+	path := "/"
+	for _, name := range append([]string{""}, strings.Split(strings.TrimPrefix(dir, "/"), "/")...) {
+		path = filepath.Join(path, name)
+		fi, err := os.Lstat(path)
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("pin directory %s: %w", dir, err)
+		}
+		if fi.Mode()&fs.ModeSymlink != 0 {
+			to, _ := os.Readlink(path)
+			return fmt.Errorf("pin directory %s: %s is a symbolic link (to %s): the agent creates, adopts and removes "+
+				"pins at the path itself, never through a link someone could plant; set pinDir to the real path", dir, path, to)
+		}
+		if !fi.IsDir() {
+			return fmt.Errorf("pin directory %s: %s is not a directory", dir, path)
+		}
+		st, ok := fi.Sys().(*syscall.Stat_t)
+		if !ok {
+			return fmt.Errorf("pin directory %s: %s: no owner information", dir, path)
+		}
+		if st.Uid != 0 && st.Uid != euid {
+			return fmt.Errorf("pin directory %s: %s is owned by uid %d, not root: its owner could replace what is below "+
+				"it (a symlink to elsewhere) and make the agent pin into, adopt from or remove another directory; "+
+				"chown root %s, or choose a pinDir whose parents root owns", dir, path, st.Uid, path)
+		}
+	}
+	return nil
 }
 
 // checkPinDir checks an existing pin directory: a directory, on a bpffs,

@@ -85,10 +85,13 @@ type pinLock struct {
 
 // lockPinDir takes the pin directory's lock and writes this agent's record.
 func lockPinDir(dir string) (*pinLock, error) {
-	f, err := os.Open(dir)
+	// O_NOFOLLOW: the directory itself, never one a symlink planted at its
+	// path points to (preparePinDir checked every component before).
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("lock pin directory %s: %w", dir, err)
 	}
+	f := os.NewFile(uintptr(fd), dir)
 	deadline := time.Now().Add(lockWait)
 	for {
 		err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
