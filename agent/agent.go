@@ -137,9 +137,13 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	defer a.close()
 
+	// The data path's and the cluster's metrics are served from a snapshot
+	// the loop below updates: a scrape never waits for the agent's lock.
+	snapMetrics := newSnapshot(&collector{read: a.readStatus}, clusterCollector{a})
+	snapMetrics.update()
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(a.reloadErrors, a.reloads, &collector{read: a.readStatus}, &a.protect,
-		a.reconcileErrors, &a.health, clusterCollector{a})
+	reg.MustRegister(a.reloadErrors, a.reloads, snapMetrics, &a.protect,
+		a.reconcileErrors, &a.health)
 	srv, addr, err := a.serveMetrics(cfg.MetricsAddress, reg)
 	if err != nil {
 		return err
@@ -184,6 +188,9 @@ func Run(ctx context.Context, opts Options) error {
 			if a.snapshot() {
 				a.wake() // a demand-shared limit's share changed
 			}
+			// Before the health notes move (reportStale): what /readyz
+			// says, the metrics say too.
+			snapMetrics.update()
 			a.reportStale()
 			if a.health.retryDue(time.Now(), reconcileRetry) {
 				a.wake()
@@ -318,13 +325,15 @@ func (a *Agent) serveMetrics(addr string, reg *prometheus.Registry) (*http.Serve
 		return nil, "", fmt.Errorf("metrics: listen on %s: %w", addr, err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	// One scrape at a time: another one meanwhile gets 503 at once.
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{MaxRequestsInFlight: 1}))
 	// /readyz is readiness and /livez liveness (see health); /healthz is
 	// readiness too, where the readiness probe has always asked.
 	mux.HandleFunc("/readyz", a.health.serveReady)
 	mux.HandleFunc("/healthz", a.health.serveReady)
 	mux.HandleFunc("/livez", a.health.serveLive)
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout: metricsReadTimeout, WriteTimeout: metricsWriteTimeout, IdleTimeout: metricsIdleTimeout}
 	go srv.Serve(ln)
 	a.log.Info("serving metrics", "address", ln.Addr().String())
 	return srv, ln.Addr().String(), nil

@@ -1,6 +1,9 @@
 package agent
 
 import (
+	"sync"
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/rlagent/rlagent/maps"
@@ -49,7 +52,68 @@ var (
 	descReady                = desc("ready", "1 while /readyz answers 200: every interface attached and the last reconcile applied.")
 )
 
-// collector reads the data path on every scrape.
+// The metrics server's timeouts: a client that sends or reads slowly holds
+// a connection that long at most.
+const (
+	metricsReadTimeout  = 10 * time.Second
+	metricsWriteTimeout = 10 * time.Second
+	metricsIdleTimeout  = 60 * time.Second
+)
+
+// snapshot serves the metrics its collectors gave at the last update, so
+// that a scrape never takes the agent's lock or walks the data path's
+// maps: the agent's loop updates it (every second), one scrape costs a copy
+// of a slice, and the HTTP handler serves one scrape at a time
+// (serveMetrics). A value is at most an update interval old.
+type snapshot struct {
+	from []prometheus.Collector
+
+	mu      sync.Mutex // guards metrics
+	metrics []prometheus.Metric
+}
+
+func newSnapshot(from ...prometheus.Collector) *snapshot { return &snapshot{from: from} }
+
+// update collects from every collector and keeps the result for the
+// scrapes. The collectors take the agent's lock as they need: callers do
+// not hold it.
+func (s *snapshot) update() {
+	ch := make(chan prometheus.Metric)
+	done := make(chan []prometheus.Metric)
+	go func() {
+		var ms []prometheus.Metric
+		for m := range ch {
+			ms = append(ms, m)
+		}
+		done <- ms
+	}()
+	for _, c := range s.from {
+		c.Collect(ch)
+	}
+	close(ch)
+	ms := <-done
+	s.mu.Lock()
+	s.metrics = ms
+	s.mu.Unlock()
+}
+
+func (s *snapshot) Describe(ch chan<- *prometheus.Desc) {
+	for _, c := range s.from {
+		c.Describe(ch)
+	}
+}
+
+// Collect sends the metrics of the last update (none before the first).
+func (s *snapshot) Collect(ch chan<- prometheus.Metric) {
+	s.mu.Lock()
+	ms := s.metrics
+	s.mu.Unlock()
+	for _, m := range ms {
+		ch <- m
+	}
+}
+
+// collector reads the data path when the snapshot is updated.
 type collector struct {
 	read func() ([]LimitStatus, maps.GlobalStats, error)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"net"
 	"net/http"
@@ -96,16 +97,41 @@ limits:
 `, e.pair.IfB, e.pinDir, fragMetrics, fragCount, limitName, fragGlobalRate, port))
 	e.startAgent()
 	e.waitShare(share, time.Now(), 5*time.Second)
-	// The agent's counters from its metrics endpoint, which reads the
-	// maps at the scrape: a few milliseconds, where a `rlagent status`
-	// run takes hundreds on a loaded machine and would blur the window
-	// by more than the tolerance.
+	// The agent's counters from its metrics endpoint: a scrape takes a
+	// few milliseconds, where a `rlagent status` run takes hundreds on a
+	// loaded machine and would blur the window by more than the
+	// tolerance. The endpoint serves the snapshot the agent's loop takes
+	// every second, so read waits for the next one: it scrapes until the
+	// snapshot changes (the traffic moves the counters), and that one was
+	// taken since the scrape before, a few milliseconds ago. The scrapes'
+	// own bytes reach the receiver's IP layer (the endpoint is in its
+	// namespace), so once the loop's second is known (tick), read sleeps
+	// to just before the next update and scrapes a few times only.
+	var tick time.Time
 	read := func() (map[string]float64, nettest.IPStats, time.Time) {
 		t.Helper()
-		t0 := time.Now()
-		m := e.scrape(fragMetrics, limitName)
-		ip := e.ipStats()
-		return m, ip, t0.Add(time.Since(t0) / 2)
+		poll := 2 * time.Millisecond
+		var next time.Time
+		if !tick.IsZero() {
+			next = tick.Add(time.Since(tick).Truncate(time.Second))
+			for time.Until(next) < 150*time.Millisecond {
+				next = next.Add(time.Second)
+			}
+			sleepUntil(next.Add(-100 * time.Millisecond))
+			poll = 5 * time.Millisecond
+		}
+		prev := e.scrape(fragMetrics, limitName)
+		sleepUntil(next) // the update is due about then
+		for deadline := time.Now().Add(3 * time.Second); ; {
+			t0 := time.Now()
+			m := e.scrape(fragMetrics, limitName)
+			if !maps.Equal(m, prev) || time.Now().After(deadline) {
+				ip := e.ipStats()
+				tick = t0
+				return m, ip, t0.Add(time.Since(t0) / 2)
+			}
+			time.Sleep(poll)
+		}
 	}
 
 	dst := e.pair.B4
