@@ -3,6 +3,7 @@ package bpf_test
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"net/netip"
 	"slices"
 	"testing"
@@ -26,6 +27,9 @@ func keySet(seed [2]uint64, id, gen uint32, addr netip.Addr) uint32 {
 	lo := a[2]<<32 | a[3]
 	lg := uint64(id)<<32 | uint64(gen)
 	h := hi*(seed[0]|1) + lo*(seed[1]|1) + lg*((seed[0]^seed[1])|1) + seed[0]>>1
+	h ^= h >> 32
+	h *= 0xd6e8feb86659fd93
+	h ^= h >> 32
 	return uint32(h >> 52)
 }
 
@@ -139,7 +143,7 @@ search:
 	last := sorted[1]
 	open := keyed
 	open.Rate, open.Burst = 1e6, 1e6
-	gen, flip := uint32(0), false
+	gen, flip, scratched := uint32(0), false, false
 	for _, b := range want {
 		// Each fresh limit takes the next generation; a scratch limit
 		// whose key flips is a fresh limit every time.
@@ -148,7 +152,7 @@ search:
 			if flip {
 				l = other
 			}
-			flip = !flip
+			flip, scratched = !flip, true
 			mustSet(t, d, scratch, l)
 		}
 		if b.id == last {
@@ -158,8 +162,10 @@ search:
 		}
 		gen++
 	}
-	if err := d.DeleteLimit(scratch); err != nil {
-		t.Fatal(err)
+	if scratched {
+		if err := d.DeleteLimit(scratch); err != nil {
+			t.Fatal(err)
+		}
 	}
 	ids := []uint32{want[0].id, want[1].id, want[2].id}
 
@@ -204,4 +210,51 @@ func mustGlobal(tb testing.TB, d *maps.Datapath) maps.GlobalStats {
 		tb.Fatal(err)
 	}
 	return g
+}
+
+// One source's buckets of several limits must not share a cache set for
+// every source: which sources two limits share a set for must be as random
+// as which sources share one within a limit. 54615ce's hash was linear in
+// the limit id and generation (a term lg x C added to the address's), so a
+// source's sets in two limits differed by a constant of the seed, the same
+// for every source: under a seed whose C has few bits (the first case
+// below, C = 1) every limit took the same set for every source, and under
+// any seed about one or two pairs of 128 limits did. Sixteen keyed limits
+// that one packet matches (ids spaced by 8, as a config of regularly
+// spaced limits gets) then fought over the two ways of one set on every
+// packet: 14 of 16 checks bypassed the cache (cache_bypass), each one a
+// compare-and-swap on the shared pool. Mixed, three of sixteen buckets
+// share a set about once in 30,000 packets.
+func TestKeyCacheLimitsSpread(t *testing.T) {
+	for _, seed := range [][2]uint64{
+		{0x5bd1e9955bd1e995, 0x5bd1e9955bd1e995}, // C = (seed[0] ^ seed[1]) | 1 = 1
+		{0x9e3779b97f4a7c15, 0xc2b2ae3d27d4eb4f},
+		{1, 2},
+	} {
+		t.Run(fmt.Sprintf("seed %x", seed), func(t *testing.T) {
+			const (
+				limits  = 16
+				sources = 256
+			)
+			d := newDatapath(t, maps.Options{Clock: maps.ClockTest, XDPOnly: true, HashSeed: seed})
+			setClock(t, d, 1e9, 1000)
+			open := perSecond(1e6, 1e6)
+			open.Key = maps.KeySrcIP
+			for i := range uint32(limits) {
+				mustSet(t, d, 8*i, open)
+			}
+			for s := range sources {
+				src := fmt.Sprintf("10.9.%d.%d", s/256, s%256)
+				if v := mustRun(t, d.Program(), udp4(src, dst4, 53)); v != xdpPass {
+					t.Fatalf("source %s: verdict %d, want pass (every limit is wide open)", src, v)
+				}
+			}
+			checks := uint64(limits * sources)
+			bypass := mustGlobal(t, d).CacheBypass
+			t.Logf("%d of %d keyed checks (%d limits x %d sources) found their cache set held by the same packet", bypass, checks, limits, sources)
+			if bypass > checks/100 {
+				t.Errorf("%d of %d keyed checks bypassed the cache, want at most 1%%: a source's buckets of different limits share cache sets", bypass, checks)
+			}
+		})
+	}
 }

@@ -250,17 +250,28 @@ static __always_inline void rl_count(struct rl_stats *st, int state, const struc
  * bits of a product depend on every bit below them through the carries, so
  * a sender who does not know the seed cannot pick addresses that share a
  * set. The limit and generation are a term of their own, with a multiplier
- * of the seed's too, so that one address's buckets of different limits or
- * generations fall in different sets, and two keys cannot share a hash by a
- * choice of address: XORed into the address bits (as before), address
- * a ^ g ^ g' in generation g' hashed as a did in g. */
+ * of the seed's too, so that two keys cannot share a hash by a choice of
+ * address (XORed into the address bits, address a ^ g ^ g' in generation g'
+ * hashed as a did in g).
+ *
+ * The sum is then mixed (xorshift-multiply, a bijection): without it the
+ * hash is linear, and one address's buckets of two limits (or generations)
+ * differ by a constant that does not depend on the address, so that a pair
+ * of limits whose constant has no high bits (regularly spaced ids or
+ * generations under some seeds; one or two pairs of 128 limits under a
+ * random seed) shares one set for every key, and their buckets evict each other for
+ * every source. Mixed, which keys two limits share a set for is as random
+ * as which keys share one within a limit. */
 static __always_inline __u64 rl_hash(const __u64 seed[2], __u32 id, __u32 gen, const __u32 a[4])
 {
 	__u64 hi = ((__u64)a[0] << 32) | a[1];
 	__u64 lo = ((__u64)a[2] << 32) | a[3];
 	__u64 lg = ((__u64)id << 32) | gen;
+	__u64 h = hi * (seed[0] | 1) + lo * (seed[1] | 1) + lg * ((seed[0] ^ seed[1]) | 1) + (seed[0] >> 1);
 
-	return hi * (seed[0] | 1) + lo * (seed[1] | 1) + lg * ((seed[0] ^ seed[1]) | 1) + (seed[0] >> 1);
+	h ^= h >> 32;
+	h *= 0xd6e8feb86659fd93ULL;
+	return h ^ (h >> 32);
 }
 
 #define RL_SET_SHIFT (64 - 12)
