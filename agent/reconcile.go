@@ -110,7 +110,11 @@ func (a *Agent) reconcile() error {
 	// The node's reply budget, before any limit with action reject can
 	// spend it; a budget that cannot be written stops no limit.
 	if b := a.cfg.RejectBudget; b.Rate != nil && b.Burst != nil {
-		if err := a.dp.SetRejectBudget(maps.RejectBudget{PerSecond: *b.Rate, Burst: *b.Burst}); err != nil {
+		rb := maps.RejectBudget{PerSecond: *b.Rate, Burst: *b.Burst}
+		if d := b.PerDestination; d.Rate != nil && d.Burst != nil {
+			rb.PerDestination = maps.ReplyRate{PerSecond: *d.Rate, Burst: *d.Burst}
+		}
+		if err := a.dp.SetRejectBudget(rb); err != nil {
 			errs = append(errs, fmt.Errorf("rejectBudget: %w", err))
 		}
 	}

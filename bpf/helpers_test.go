@@ -88,7 +88,9 @@ func mustRepeat(tb testing.TB, prog *ebpf.Program, pkt []byte, n uint32) {
 // called: test_run runs the program on the caller's CPU.
 func pinCPU(tb testing.TB, cpu int) func() { return testenv.PinCPU(tb, cpu) }
 
-// Packet building. No checksums: the data path does not read them.
+// Packet building. The IPv4 header checksum and a whole TCP segment's
+// checksum are computed (action reject answers only packets whose
+// checksums are valid); the rest of the data path does not read them.
 
 const (
 	ethIPv4  = 0x0800
@@ -173,8 +175,37 @@ func (p pkt) bytes() []byte {
 		data = nil
 	case p.l4Keep > 0:
 		data = data[:min(p.l4Keep, len(data))]
+	case p.proto == protoTCP && p.fragOff == 0 && !p.mf:
+		src, dst := netip.MustParseAddr(p.src), netip.MustParseAddr(p.dst)
+		binary.BigEndian.PutUint16(data[16:], ^csumFold(pseudoSum(src, dst, protoTCP, len(data))+csumSum(data)))
 	}
 	return p.frame(data)
+}
+
+// csumSum is the one's-complement sum of b in 16-bit words, unfolded.
+func csumSum(b []byte) uint32 {
+	var s uint32
+	for i := 0; i+1 < len(b); i += 2 {
+		s += uint32(binary.BigEndian.Uint16(b[i:]))
+	}
+	if len(b)%2 == 1 {
+		s += uint32(b[len(b)-1]) << 8
+	}
+	return s
+}
+
+// csumFold folds a one's-complement sum into 16 bits.
+func csumFold(s uint32) uint16 {
+	for s>>16 != 0 {
+		s = s&0xffff + s>>16
+	}
+	return uint16(s)
+}
+
+// pseudoSum is the sum of the TCP/UDP pseudo-header of a segment of n bytes.
+func pseudoSum(src, dst netip.Addr, proto uint8, n int) uint32 {
+	s := csumSum(src.AsSlice()) + csumSum(dst.AsSlice())
+	return s + uint32(proto) + uint32(n)
 }
 
 // frags splits the datagram into fragments of size bytes of transport data
@@ -220,6 +251,7 @@ func (p pkt) frame(data []byte) []byte {
 		for i := 20; i < len(h); i++ {
 			h[i] = 1 // NOP options
 		}
+		binary.BigEndian.PutUint16(h[10:], ^csumFold(csumSum(h)))
 		l3 = h
 	} else {
 		etype = ethIPv6

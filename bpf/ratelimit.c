@@ -166,6 +166,7 @@ enum rl_global_field {
 	G_REJECT_ICMP,
 	G_REJECT_BUDGET,
 	G_REJECT_UNANSWERED,
+	G_REJECT_DEST_BUDGET,
 };
 
 static __always_inline void rl_global_count(enum rl_global_field f)
@@ -189,6 +190,7 @@ static __always_inline void rl_global_count(enum rl_global_field f)
 	case G_REJECT_ICMP: g->reject_icmp++; break;
 	case G_REJECT_BUDGET: g->reject_budget++; break;
 	case G_REJECT_UNANSWERED: g->reject_unanswered++; break;
+	case G_REJECT_DEST_BUDGET: g->reject_dest_budget++; break;
 	}
 }
 
@@ -1259,6 +1261,12 @@ __noinline int rl_reply_build(struct rl_reply_scratch *s, const struct pkt *p, _
 	len = rl_reply_fill(s, p, n, &start, &kind);
 	if (len <= 0 || len > RL_REPLY_L2MAX + RL_REPLY_L3MAX || start > RL_REPLY_L3) {
 		rl_global_count(G_REJECT_UNANSWERED);
+		return 0;
+	}
+	/* The reply's destination's share first: a destination that had
+	 * its replies does not spend the node's. */
+	if (!rl_reply_dest_spend(p)) {
+		rl_global_count(G_REJECT_DEST_BUDGET);
 		return 0;
 	}
 	if (!rl_reject_spend()) {

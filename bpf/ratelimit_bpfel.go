@@ -154,6 +154,7 @@ type RatelimitRlGlobalStats struct {
 	RejectIcmp       uint64
 	RejectBudget     uint64
 	RejectUnanswered uint64
+	RejectDestBudget uint64
 }
 
 type RatelimitRlHead4 struct {
@@ -299,15 +300,23 @@ const (
 )
 
 type RatelimitRlRejectBudget struct {
-	_           structs.HostLayout
-	Tat         uint64
-	IntervalNs  uint64
-	ToleranceNs uint64
+	_               structs.HostLayout
+	Tat             uint64
+	IntervalNs      uint64
+	ToleranceNs     uint64
+	DestIntervalNs  uint64
+	DestToleranceNs uint64
+}
+
+type RatelimitRlReplyDestKey struct {
+	_      structs.HostLayout
+	Family uint32
+	A      [2]uint32
 }
 
 type RatelimitRlReplyScratch struct {
 	_   structs.HostLayout
-	In  [96]uint8
+	In  [136]uint8
 	L3  [64]uint8
 	Out [160]uint8
 }
@@ -373,6 +382,7 @@ const (
 	RatelimitMapRlProtoAny      = "rl_proto_any"
 	RatelimitMapRlReject        = "rl_reject"
 	RatelimitMapRlReply         = "rl_reply"
+	RatelimitMapRlReplyDest     = "rl_reply_dest"
 	RatelimitMapRlScratch       = "rl_scratch"
 	RatelimitMapRlSrc4          = "rl_src4"
 	RatelimitMapRlSrc4Head      = "rl_src4_head"
@@ -478,6 +488,7 @@ type RatelimitMapSpecs struct {
 	RlProtoAny     *ebpf.MapSpec `ebpf:"rl_proto_any"`
 	RlReject       *ebpf.MapSpec `ebpf:"rl_reject"`
 	RlReply        *ebpf.MapSpec `ebpf:"rl_reply"`
+	RlReplyDest    *ebpf.MapSpec `ebpf:"rl_reply_dest"`
 	RlScratch      *ebpf.MapSpec `ebpf:"rl_scratch"`
 	RlSrc4         *ebpf.MapSpec `ebpf:"rl_src4"`
 	RlSrc4Head     *ebpf.MapSpec `ebpf:"rl_src4_head"`
@@ -549,6 +560,7 @@ type RatelimitMaps struct {
 	RlProtoAny     *ebpf.Map `ebpf:"rl_proto_any"`
 	RlReject       *ebpf.Map `ebpf:"rl_reject"`
 	RlReply        *ebpf.Map `ebpf:"rl_reply"`
+	RlReplyDest    *ebpf.Map `ebpf:"rl_reply_dest"`
 	RlScratch      *ebpf.Map `ebpf:"rl_scratch"`
 	RlSrc4         *ebpf.Map `ebpf:"rl_src4"`
 	RlSrc4Head     *ebpf.Map `ebpf:"rl_src4_head"`
@@ -578,6 +590,7 @@ func (m *RatelimitMaps) Close() error {
 		m.RlProtoAny,
 		m.RlReject,
 		m.RlReply,
+		m.RlReplyDest,
 		m.RlScratch,
 		m.RlSrc4,
 		m.RlSrc4Head,

@@ -99,6 +99,10 @@ type GlobalStats struct {
 	RejectICMP       uint64 `json:"rejectIcmp"`
 	RejectBudget     uint64 `json:"rejectBudget"`
 	RejectUnanswered uint64 `json:"rejectUnanswered"`
+	// RejectDestBudget counts rejects dropped unanswered because the
+	// reply's destination (the packet's source, an IPv6 /64) had its
+	// replies (RejectBudget.PerDestination).
+	RejectDestBudget uint64 `json:"rejectDestBudget"`
 }
 
 // GlobalStats reads the counters that belong to no limit.
@@ -122,6 +126,7 @@ func (d *Datapath) GlobalStats() (GlobalStats, error) {
 		g.RejectICMP += c.RejectIcmp
 		g.RejectBudget += c.RejectBudget
 		g.RejectUnanswered += c.RejectUnanswered
+		g.RejectDestBudget += c.RejectDestBudget
 	}
 	return g, nil
 }

@@ -66,7 +66,7 @@ func TestParseConfig(t *testing.T) {
 		XDPFallback:      XDPFallbackNone,
 		EndpointHook:     EndpointHookHost,
 		DemandShares:     DemandShares{Interval: &metav1.Duration{Duration: 15 * time.Second}, StaleAfter: &metav1.Duration{Duration: time.Minute}, FloorPerMille: ptr(uint32(10))},
-		RejectBudget:     RejectBudget{Rate: ptr(uint32(1000)), Burst: ptr(uint32(50))},
+		RejectBudget:     RejectBudget{Rate: ptr(uint32(1000)), Burst: ptr(uint32(50)), PerDestination: ReplyRate{Rate: ptr(uint32(100)), Burst: ptr(uint32(10))}},
 		Limits: []Limit{
 			{Name: "dns", RateLimitSpec: RateLimitSpec{
 				Rate: 20000, Unit: UnitPackets,
@@ -239,7 +239,7 @@ func TestDefault(t *testing.T) {
 		XDPFallback:      XDPFallbackNone,
 		EndpointHook:     EndpointHookHost,
 		DemandShares:     DemandShares{Interval: &metav1.Duration{Duration: 15 * time.Second}, StaleAfter: &metav1.Duration{Duration: time.Minute}, FloorPerMille: ptr(uint32(10))},
-		RejectBudget:     RejectBudget{Rate: ptr(uint32(1000)), Burst: ptr(uint32(50))},
+		RejectBudget:     RejectBudget{Rate: ptr(uint32(1000)), Burst: ptr(uint32(50)), PerDestination: ReplyRate{Rate: ptr(uint32(100)), Burst: ptr(uint32(10))}},
 		Limits: []Limit{
 			{Name: "a", RateLimitSpec: RateLimitSpec{Rate: 5, Unit: UnitPackets, Key: KeyNone, Scope: ScopeStatic, Action: ActionDrop, Share: ShareEqual, Attach: AttachUplink,
 				Match: Match{Direction: DirectionIngress, Protocol: ProtocolAny}}},

@@ -61,7 +61,10 @@ const (
 	// its ICMP errors (net.ipv4.icmp_msgs_per_sec, icmp_msgs_burst).
 	DefaultRejectRate  = 1000
 	DefaultRejectBurst = 50
-	MaxRejectRate      = 100_000
+	// Per destination (RejectBudget.PerDestination).
+	DefaultRejectDestRate  = 100
+	DefaultRejectDestBurst = 10
+	MaxRejectRate          = 100_000
 )
 
 // Default applies every default of the file: its own and each limit's.
@@ -112,6 +115,14 @@ func (b *RejectBudget) Default() {
 	if b.Burst == nil {
 		n := min(uint32(DefaultRejectBurst), max(*b.Rate, 1))
 		b.Burst = &n
+	}
+	if b.PerDestination.Rate == nil {
+		r := uint32(DefaultRejectDestRate)
+		b.PerDestination.Rate = &r
+	}
+	if b.PerDestination.Burst == nil {
+		n := min(uint32(DefaultRejectDestBurst), max(*b.PerDestination.Rate, 1))
+		b.PerDestination.Burst = &n
 	}
 }
 

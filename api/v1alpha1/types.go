@@ -119,6 +119,29 @@ type RejectBudget struct {
 	// rate if that is less.
 	// +optional
 	Burst *uint32 `json:"burst,omitempty"`
+
+	// PerDestination is each destination's share of the replies (the
+	// rejected packet's source: an IPv4 address, an IPv6 /64), checked
+	// before the node's budget, so that a flood spoofing one victim's
+	// address draws no more than this to the victim. A destination not
+	// answered lately gets one reply at once, then the rate up to the
+	// burst: a flood of other sources that pushes the victim out of the
+	// table buys it nothing.
+	// (Optional) See ReplyRate; default rate 100, burst 10.
+	PerDestination ReplyRate `json:"perDestination,omitzero"`
+}
+
+// ReplyRate is a rate of replies.
+type ReplyRate struct {
+	// Rate is the replies per second.
+	// (Optional) 1..100000; default 100.
+	// +optional
+	Rate *uint32 `json:"rate,omitempty"`
+
+	// Burst is the replies that may go at once.
+	// (Optional) 1..rate; default 10, or the rate if that is less.
+	// +optional
+	Burst *uint32 `json:"burst,omitempty"`
 }
 
 // DemandShares are the parameters of share demand. Every agent of a

@@ -95,6 +95,13 @@ func (b *RejectBudget) validate(path string) []error {
 	if b.Rate != nil && b.Burst != nil && *b.Rate > 0 && (*b.Burst < 1 || *b.Burst > *b.Rate) {
 		el.add(field(path, "burst"), "%d is not in 1..%d (the rate: the replies of one second)", *b.Burst, *b.Rate)
 	}
+	d, dpath := b.PerDestination, field(path, "perDestination")
+	if d.Rate != nil && (*d.Rate < 1 || *d.Rate > MaxRejectRate) {
+		el.add(field(dpath, "rate"), "%d is not in 1..%d (replies per second)", *d.Rate, MaxRejectRate)
+	}
+	if d.Rate != nil && d.Burst != nil && *d.Rate > 0 && (*d.Burst < 1 || *d.Burst > *d.Rate) {
+		el.add(field(dpath, "burst"), "%d is not in 1..%d (the rate: the replies of one second)", *d.Burst, *d.Rate)
+	}
 	return el
 }
 

@@ -214,6 +214,11 @@ func TestValidateRules(t *testing.T) {
 		}, "rejectBudget.burst", []string{"11 is not in 1..10"}},
 		{"reject burst 0", func(c *Config) { c.RejectBudget.Burst = ptr(uint32(0)) },
 			"rejectBudget.burst", []string{"0 is not in 1..1000"}},
+		{"reject per destination 0", func(c *Config) { c.RejectBudget.PerDestination.Rate = ptr(uint32(0)) },
+			"rejectBudget.perDestination.rate", []string{"0 is not in 1..100000"}},
+		{"reject per destination burst above its rate", func(c *Config) {
+			c.RejectBudget.PerDestination.Rate, c.RejectBudget.PerDestination.Burst = ptr(uint32(5)), ptr(uint32(6))
+		}, "rejectBudget.perDestination.burst", []string{"6 is not in 1..5"}},
 		{"pace on ingress", func(c *Config) { limit(c, 0).Action = ActionPace },
 			"limits[0].action", []string{"pace needs match.direction egress", "EDT timestamps", "ingress packets cannot be delayed"}},
 		{"pace at the endpoints", func(c *Config) {

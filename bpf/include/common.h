@@ -347,6 +347,7 @@ struct rl_global_stats {
 	__u64 reject_icmp;	/* action reject: ICMP and ICMPv6 port unreachables sent */
 	__u64 reject_budget;	/* action reject: dropped unanswered, the reply budget spent */
 	__u64 reject_unanswered; /* action reject: dropped unanswered, the packet may not be answered there */
+	__u64 reject_dest_budget; /* action reject: dropped unanswered, the reply's destination had its replies */
 };
 
 /* The node's budget of replies to rejected packets (reject.h). Written by
@@ -355,6 +356,8 @@ struct rl_reject_budget {
 	__u64 tat;		/* the theoretical arrival time of the next reply, ns */
 	__u64 interval_ns;	/* 1e9 / the replies per second; 0: no replies */
 	__u64 tolerance_ns;	/* burst x interval, at least a tick: how far tat may run ahead */
+	__u64 dest_interval_ns;	/* per destination (rl_reply_dest): 1e9 / its replies per second; 0: no replies */
+	__u64 dest_tolerance_ns; /* per destination: its burst x its interval, at least a tick */
 };
 
 /* What the agent knows of a limit, for `rlagent status` to read from the

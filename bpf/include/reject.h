@@ -5,9 +5,13 @@
  * interface it came in on.
  *
  * NOTE: what is answered, and how.
- * - A TCP SYN without ACK, RST or FIN gets a RST/ACK: seq 0, ack the SYN's
- *   seq + 1 + its payload (RFC 793 / 9293, 3.10.7.1: the segment had no
- *   ACK). Every other TCP packet is dropped, never reset: a connection
+ * - A TCP SYN without ACK, RST or FIN and without payload gets a RST/ACK:
+ *   seq 0, ack the SYN's seq + 1 (RFC 793 / 9293, 3.10.7.1: the segment had
+ *   no ACK); only if its TCP checksum (over the header with its options) is
+ *   valid, or holds the pseudo-header's sum (CHECKSUM_PARTIAL from a local
+ *   veth peer). An IPv4 packet is answered only if its header checksum is
+ *   valid. A UDP payload is not verified: a forger computes checksums, and
+ *   the budgets bound what a forged packet buys. Every other TCP packet is dropped, never reset: a connection
  *   that runs over its limit for a moment loses packets, not its life.
  * - A UDP datagram gets an ICMP port unreachable (type 3 code 3), an IPv6
  *   one an ICMPv6 port unreachable (type 1 code 4), quoting the datagram's
@@ -26,7 +30,8 @@
  *   limit 64, no options) with the addresses swapped; checksums computed
  *   from scratch (IPv4 header; TCP and ICMPv6 over their pseudo-headers;
  *   ICMPv4 over its message).
- * - Replies are limited node-wide by one budget (rl_reject, a GCRA over a
+ * - Replies are limited per destination (the packet's source address, an
+ *   IPv6 /64: rl_reply_dest), and node-wide by one budget (rl_reject, a GCRA over a
  *   compare-and-swap: any CPU may spend it); beyond it a reject is a drop,
  *   counted, so that the node can never be made a reflector. A packet that
  *   may not be answered does not spend the budget.
@@ -38,7 +43,7 @@
 #include "parse.h"
 #include "clock.h"
 
-#define RL_REPLY_IN 96		/* bytes of the packet read: L2 (up to 30) + IPv6 + TCP */
+#define RL_REPLY_IN 136		/* bytes of the packet read: L2 (up to 30) + IPv6 + TCP with options */
 #define RL_REPLY_L2MAX (14 + 4 * RL_MAX_VLAN)
 #define RL_REPLY_L3 32		/* the reply's IP header starts here in out[] */
 #define RL_REPLY_L3MAX 96	/* IPv6 + ICMPv6 + the quoted IPv6 and UDP headers */
@@ -61,7 +66,7 @@ struct rl_icmp_err {
 };
 
 _Static_assert(RL_REPLY_L2MAX <= RL_REPLY_L3, "the L2 header fits before the reply's IP header");
-_Static_assert(RL_REPLY_L2MAX + 60 <= RL_REPLY_IN, "the L2 header, IPv6 and TCP fit in in[]");
+_Static_assert(RL_REPLY_L2MAX + 40 + 60 <= RL_REPLY_IN, "the L2 header, IPv6 and TCP with options fit in in[]");
 
 /* A reply starts at RL_REPLY_L3 - its L2 length (14 at least) in out[] and
  * is less than 128 bytes long: rl_reply_build packs the two with its kind
@@ -158,6 +163,73 @@ static __always_inline bool rl_reject_spend(void)
 	return false;	/* contended: as spent */
 }
 
+/* The key of a reply's destination in rl_reply_dest: the packet's source,
+ * an IPv4 address or an IPv6 /64 (one host's addresses, as one sender may
+ * take any address of its /64). */
+struct rl_reply_dest_key {
+	__u32 family;
+	__u32 a[2];
+};
+
+/* Replies per destination: key rl_reply_dest_key, value the destination's
+ * GCRA tat (ns, rl_clock_read's time line). An LRU hash: a flood of spoofed
+ * sources evicts the least recently answered, and an evicted destination
+ * comes back with one reply's worth only (rl_reply_dest_spend), so that
+ * evicting a victim's entry buys it nothing. An entry is made only for a
+ * packet the node's budget had room for, so the flood that evicts one costs
+ * the node's budget this table's size in replies. Not pinned: a restart
+ * starts every destination at one reply. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct rl_reply_dest_key);
+	__type(value, __u64);
+} rl_reply_dest SEC(".maps");
+
+/* Spends one reply of the packet's source's share (the reply's
+ * destination); false when it is spent. A dest_interval_ns of 0 is no
+ * share per destination (user space's PerDestination rate 0; the config
+ * has none). A destination not in the table gets one reply: its tat
+ * starts one tolerance ahead, where a GCRA has no reply left. */
+static __always_inline bool rl_reply_dest_spend(const struct pkt *p)
+{
+	struct rl_reply_dest_key k = {};
+	struct rl_reject_budget *b;
+	__u32 zero = 0;
+	__u64 now, *tat;
+
+	b = bpf_map_lookup_elem(&rl_reject, &zero);
+	if (!b)
+		return false;
+	if (!b->dest_interval_ns)
+		return true;	/* no share per destination: the node's budget alone */
+	k.family = p->family;
+	if (p->family == 4) {
+		k.a[0] = p->src[3];
+	} else {
+		k.a[0] = p->src[0];
+		k.a[1] = p->src[1];
+	}
+	now = rl_clock_read();
+	tat = bpf_map_lookup_elem(&rl_reply_dest, &k);
+	if (!tat) {
+		__u64 start = now + b->dest_tolerance_ns;
+
+		/* Another CPU's entry, made meanwhile, wins: no reply. */
+		return bpf_map_update_elem(&rl_reply_dest, &k, &start, BPF_NOEXIST) == 0;
+	}
+	for (int i = 0; i < 4; i++) {
+		__u64 t = READ_ONCE_U64(*tat);
+		__u64 from = t > now ? t : now;
+
+		if (from + b->dest_interval_ns - now > b->dest_tolerance_ns)
+			return false;
+		if (__sync_val_compare_and_swap(tat, t, from + b->dest_interval_ns) == t)
+			return true;
+	}
+	return false;	/* contended: as spent */
+}
+
 /* One's-complement addition of a 32-bit word: the carry goes around. */
 static __always_inline __u32 rl_csum_add(__u32 sum, __u32 v)
 {
@@ -211,6 +283,28 @@ static __always_inline bool rl_reply_answerable(const struct pkt *p)
 	if (p->family == 4)
 		return rl_unicast4(p->src[3]) && rl_unicast4(p->dst[3]);
 	return p->family == 6 && rl_unicast6((const __u8 *)p->src) && ((const __u8 *)p->dst)[0] != 0xff;
+}
+
+/* Whether the TCP header at off in s->in (hlen bytes, the whole segment: a
+ * SYN without payload) has a valid checksum, pseudo being the sum of its
+ * pseudo-header. A checksum field that holds the pseudo-header's sum is
+ * valid too: a local veth peer leaves the rest to an offload
+ * (CHECKSUM_PARTIAL) that never came. */
+static __always_inline bool rl_tcp_csum_ok(const struct rl_reply_scratch *s, __u32 off, __u32 hlen, __u32 n,
+					   __u32 pseudo)
+{
+	__u16 field;
+	__s64 sum;
+
+	if (hlen < 20 || hlen > 60 || off > RL_REPLY_L2MAX + 40 || off + hlen > n)
+		return false;
+	sum = bpf_csum_diff(0, 0, (__be32 *)(s->in + off), hlen, pseudo);
+	if (sum < 0)
+		return false;
+	if (!rl_csum_fold((__u32)sum))
+		return true;
+	__builtin_memcpy(&field, s->in + off + 16, 2);
+	return field == (__u16)~rl_csum_fold(pseudo);
 }
 
 /* Writes at out the RST/ACK that answers the SYN in, which carries seg
@@ -272,6 +366,8 @@ static __always_inline int rl_reply_fill(struct rl_reply_scratch *s, const struc
 			return 0;	/* options: dropped */
 		if (l2 + 20 + (p->proto == IPPROTO_TCP ? 20 : 8) > n)
 			return 0;
+		if (rl_csum_fold(bpf_csum_diff(0, 0, (__be32 *)ip, 20, 0)))
+			return 0;	/* a bad header checksum */
 		saddr = in4->saddr;
 		daddr = in4->daddr;
 		if (!rl_unicast4(saddr) || !rl_unicast4(daddr))
@@ -289,7 +385,11 @@ static __always_inline int rl_reply_fill(struct rl_reply_scratch *s, const struc
 
 			hlen = in->doff * 4;
 			plen = bpf_ntohs(in4->tot_len);
-			if (hlen < 20 || plen < 20 + hlen)
+			if (hlen < 20 || plen != 20 + hlen)
+				return 0;	/* a SYN with payload is not answered */
+			sum = bpf_csum_diff(0, 0, (__be32 *)(ip + 12), 8, 0);
+			sum = rl_csum_add(sum, bpf_htons(IPPROTO_TCP) + bpf_htons(hlen));
+			if (!rl_tcp_csum_ok(s, l2 + 20, hlen, n, sum))
 				return 0;
 			seg = plen - 20 - hlen;	/* the SYN's payload */
 			l3len = 40;
@@ -341,7 +441,12 @@ static __always_inline int rl_reply_fill(struct rl_reply_scratch *s, const struc
 
 			hlen = in->doff * 4;
 			plen = bpf_ntohs(in6->payload_len);
-			if (hlen < 20 || plen < hlen)
+			if (hlen < 20 || plen != hlen)
+				return 0;	/* a SYN with payload is not answered */
+			sum = bpf_csum_diff(0, 0, (__be32 *)(ip + 8), 32, 0);
+			sum = rl_csum_add(sum, bpf_htonl(hlen));
+			sum = rl_csum_add(sum, bpf_htonl(IPPROTO_TCP));
+			if (!rl_tcp_csum_ok(s, l2 + 40, hlen, n, sum))
 				return 0;
 			seg = plen - hlen;
 			l3len = 60;

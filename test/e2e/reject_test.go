@@ -74,7 +74,11 @@ func testReject(t *testing.T, v6 bool) {
       dstPorts: ["%d"]
 `, name, action, proto, port)
 	}
-	r.start(fmt.Sprintf("rejectBudget: {rate: %d, burst: %d}\n", budget, burst),
+	// The per-destination share (every packet here has one source) is
+	// wide, so that the flood below meets the node's budget; a
+	// destination's first reply still leaves it none until the clock's
+	// next tick (TestRejectPerDestination tests the share).
+	r.start(fmt.Sprintf("rejectBudget: {rate: %d, burst: %d, perDestination: {rate: 100000, burst: 100000}}\n", budget, burst),
 		limit("tcp-reject", "reject", "tcp", rejectPort)+limit("tcp-drop", "drop", "tcp", dropPort)+
 			limit("udp-reject", "reject", "udp", rejectPort)+limit("udp-drop", "drop", "udp", dropPort))
 	for _, port := range []uint16{rejectPort, dropPort} {
@@ -116,6 +120,9 @@ func testReject(t *testing.T, v6 bool) {
 	// loaded machine a veth's softirq can wait its turn.
 	var took []time.Duration
 	for i := range 7 {
+		// Past the clock's tick: the destination's share has a reply
+		// again (a new destination starts with one).
+		time.Sleep(20 * time.Millisecond)
 		d, err := connect(rejectPort, 3*time.Second)
 		if !errors.Is(err, syscall.ECONNREFUSED) {
 			g := globalStats(t, r)
