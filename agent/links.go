@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"net/netip"
 	"os"
 	"slices"
 	"strings"
@@ -239,6 +241,7 @@ func (a *Agent) syncLinks(want []placement, prune bool) error {
 	if a.att == nil {
 		return nil // an agent of unit tests, which attaches nothing
 	}
+	a.syncLocal()
 	var first error
 	keep := make(map[string]bool, len(want))
 	for _, p := range want {
@@ -289,6 +292,42 @@ func (a *Agent) syncLinks(want []placement, prune bool) error {
 	a.recordInterfaces()
 	a.finishMigration()
 	return first
+}
+
+// syncLocal writes what action reject may answer (maps.SetLocalAddresses,
+// SetInterfaceMACs): the node's own addresses and its local endpoints', and
+// the MAC address of each configured uplink (the only interfaces whose
+// rejects are answered). A failure is
+// logged, not returned: with nothing written, rejects are dropped
+// unanswered (not_local), which never cuts the node off. Callers hold a.mu.
+func (a *Agent) syncLocal() {
+	node, eps, err := a.att.LocalAddresses()
+	if err != nil {
+		a.logOnce("local addresses", "list the node's addresses for action reject", "error", err)
+	}
+	local := make(map[netip.Addr]maps.LocalKind, len(node)+len(eps))
+	for _, ad := range eps {
+		local[ad] |= maps.LocalEndpoint
+	}
+	for _, ad := range node {
+		local[ad] |= maps.LocalNode
+	}
+	if err == nil || len(local) > 0 {
+		if err := a.dp.SetLocalAddresses(local); err != nil {
+			a.logOnce("local addresses write", "write the node's addresses for action reject", "error", err)
+		}
+	}
+	macs := make(map[uint32]net.HardwareAddr)
+	for _, iface := range a.cfg.Interfaces {
+		idx, mac, err := a.att.InterfaceMAC(iface)
+		if err != nil || len(mac) != 6 {
+			continue // a missing interface: its state says so
+		}
+		macs[uint32(idx)] = mac
+	}
+	if err := a.dp.SetInterfaceMACs(macs); err != nil {
+		a.logOnce("interface macs", "write the uplinks' MAC addresses for action reject", "error", err)
+	}
 }
 
 // finishMigration ends a migration of the pin layout (maps.Migration) once

@@ -379,6 +379,7 @@ func benchRejectFlood(b *testing.B, base *ebpf.Program) {
 	reject := overloadLimit
 	reject.Action = maps.Reject
 	d := newDatapath(b, maps.Options{})
+	answerHere(b, d)
 	mustSet(b, d, 0, reject)
 	if err := d.SetRejectBudget(maps.RejectBudget{PerSecond: 1, Burst: 1}); err != nil {
 		b.Fatal(err)

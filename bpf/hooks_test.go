@@ -92,6 +92,9 @@ func sharedDatapath(tb testing.TB) *maps.Datapath {
 	if err := shared.SetProtected(nil); err != nil {
 		tb.Fatalf("empty the shared data path: %v", err)
 	}
+	if err := errors.Join(shared.SetLocalAddresses(nil), shared.SetInterfaceMACs(nil)); err != nil {
+		tb.Fatalf("empty the shared data path: %v", err)
+	}
 	clearMap(tb, fragTable(tb, shared))
 	// The tombstones of earlier tests were noted on a clock that this one
 	// sets back to 1 s: they would all seem to owe.

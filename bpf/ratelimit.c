@@ -89,6 +89,7 @@ const enum rl_clock_kind *_rl_clock_kind __attribute__((unused));
 const struct rl_global_stats *_rl_global_stats __attribute__((unused));
 const enum rl_meta_state *_rl_meta_state __attribute__((unused));
 const struct rl_reject_budget *_rl_reject_budget __attribute__((unused));
+const enum rl_local_flag *_rl_local_flag __attribute__((unused));
 
 enum {
 	MATCH_ADMIT = 0,	/* has the tokens; draws them if the packet passes */
@@ -167,6 +168,7 @@ enum rl_global_field {
 	G_REJECT_BUDGET,
 	G_REJECT_UNANSWERED,
 	G_REJECT_DEST_BUDGET,
+	G_REJECT_NOT_LOCAL,
 };
 
 static __always_inline void rl_global_count(enum rl_global_field f)
@@ -191,6 +193,7 @@ static __always_inline void rl_global_count(enum rl_global_field f)
 	case G_REJECT_BUDGET: g->reject_budget++; break;
 	case G_REJECT_UNANSWERED: g->reject_unanswered++; break;
 	case G_REJECT_DEST_BUDGET: g->reject_dest_budget++; break;
+	case G_REJECT_NOT_LOCAL: g->reject_not_local++; break;
 	}
 }
 
@@ -1251,13 +1254,17 @@ static __always_inline bool rl_reply_may(const struct pkt *p)
  * (RL_REPLY_*_SHIFT, _MASK); 0 when the packet may not be answered or the
  * budget is spent, each counted. A global function: verified once, for
  * XDP and TC. */
-__noinline int rl_reply_build(struct rl_reply_scratch *s, const struct pkt *p, __u32 n)
+__noinline int rl_reply_build(struct rl_reply_scratch *s, const struct pkt *p, __u32 n, __u32 ifindex)
 {
 	__u32 start = 0, kind = 0;
 	int len;
 
 	if (!s || !p)
 		return 0;
+	if (n < 14 || n > RL_REPLY_IN || !rl_reply_local(s, p, ifindex)) {
+		rl_global_count(G_REJECT_NOT_LOCAL);
+		return 0;
+	}
 	len = rl_reply_fill(s, p, n, &start, &kind);
 	if (len <= 0 || len > RL_REPLY_L2MAX + RL_REPLY_L3MAX || start > RL_REPLY_L3) {
 		rl_global_count(G_REJECT_UNANSWERED);
@@ -1295,7 +1302,7 @@ __noinline int rl_answer_xdp(struct xdp_md *ctx, const struct pkt *p)
 	n = cur < RL_REPLY_IN ? cur : RL_REPLY_IN;
 	if (n < 14 || n > RL_REPLY_IN || bpf_xdp_load_bytes(ctx, 0, s->in, n))
 		goto unanswered;
-	r = rl_reply_build(s, p, n);
+	r = rl_reply_build(s, p, n, ctx->ingress_ifindex);
 	if (r <= 0)
 		return XDP_DROP;	/* counted */
 	len = r & RL_REPLY_LEN_MASK;
@@ -1382,7 +1389,7 @@ __noinline int rl_answer_tc(struct __sk_buff *skb, const struct pkt *p, __u32 ho
 	n = cur < RL_REPLY_IN ? cur : RL_REPLY_IN;
 	if (n < 14 || n > RL_REPLY_IN || bpf_skb_load_bytes(skb, 0, s->in, n))
 		goto unanswered;
-	r = rl_reply_build(s, p, n);
+	r = rl_reply_build(s, p, n, skb->ifindex);
 	if (r <= 0)
 		return TC_ACT_SHOT;	/* counted */
 	len = r & RL_REPLY_LEN_MASK;

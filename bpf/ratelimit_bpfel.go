@@ -85,6 +85,8 @@ const (
 	RatelimitRlConstRL_MAX_RATE          RatelimitRlConst = 4000000000
 	RatelimitRlConstRL_MAX_BURST_SECONDS RatelimitRlConst = 3600
 	RatelimitRlConstRL_MAX_PROTECT       RatelimitRlConst = 32
+	RatelimitRlConstRL_MAX_LOCAL         RatelimitRlConst = 16384
+	RatelimitRlConstRL_MAX_IFACES        RatelimitRlConst = 1024
 	RatelimitRlConstRL_PROTECT_SIDE      RatelimitRlConst = 131072
 	RatelimitRlConstRL_MAX_HORIZON_NS    RatelimitRlConst = 4000000000
 	RatelimitRlConstRL_HEAD4BITS         RatelimitRlConst = 16
@@ -155,6 +157,7 @@ type RatelimitRlGlobalStats struct {
 	RejectBudget     uint64
 	RejectUnanswered uint64
 	RejectDestBudget uint64
+	RejectNotLocal   uint64
 }
 
 type RatelimitRlHead4 struct {
@@ -240,6 +243,19 @@ type RatelimitRlLimitMeta struct {
 	Note           [128]int8
 }
 
+type RatelimitRlLocalFlag uint32
+
+const (
+	RatelimitRlLocalFlagRL_LOCAL_NODE     RatelimitRlLocalFlag = 1
+	RatelimitRlLocalFlagRL_LOCAL_ENDPOINT RatelimitRlLocalFlag = 2
+)
+
+type RatelimitRlLocalKey struct {
+	_      structs.HostLayout
+	Family uint32
+	A      [4]uint32
+}
+
 type RatelimitRlLpm4 struct {
 	_         structs.HostLayout
 	Prefixlen uint32
@@ -250,6 +266,12 @@ type RatelimitRlLpm6 struct {
 	_         structs.HostLayout
 	Prefixlen uint32
 	Addr      [4]uint32
+}
+
+type RatelimitRlMac struct {
+	_    structs.HostLayout
+	Addr [6]uint8
+	Pad  [2]uint8
 }
 
 type RatelimitRlMask struct {
@@ -369,8 +391,10 @@ const (
 	RatelimitMapRlDst6          = "rl_dst6"
 	RatelimitMapRlFrags         = "rl_frags"
 	RatelimitMapRlGlobal        = "rl_global"
+	RatelimitMapRlIfMac         = "rl_if_mac"
 	RatelimitMapRlKeyCache      = "rl_key_cache"
 	RatelimitMapRlLimits        = "rl_limits"
+	RatelimitMapRlLocal         = "rl_local"
 	RatelimitMapRlMeta          = "rl_meta"
 	RatelimitMapRlPace          = "rl_pace"
 	RatelimitMapRlPercpu        = "rl_percpu"
@@ -402,6 +426,7 @@ const (
 	RatelimitVarRlGlobalStats   = "_rl_global_stats"
 	RatelimitVarRlHook          = "_rl_hook"
 	RatelimitVarRlKeyKind       = "_rl_key_kind"
+	RatelimitVarRlLocalFlag     = "_rl_local_flag"
 	RatelimitVarRlMetaState     = "_rl_meta_state"
 	RatelimitVarRlProtoClass    = "_rl_proto_class"
 	RatelimitVarRlRejectBudget  = "_rl_reject_budget"
@@ -475,8 +500,10 @@ type RatelimitMapSpecs struct {
 	RlDst6         *ebpf.MapSpec `ebpf:"rl_dst6"`
 	RlFrags        *ebpf.MapSpec `ebpf:"rl_frags"`
 	RlGlobal       *ebpf.MapSpec `ebpf:"rl_global"`
+	RlIfMac        *ebpf.MapSpec `ebpf:"rl_if_mac"`
 	RlKeyCache     *ebpf.MapSpec `ebpf:"rl_key_cache"`
 	RlLimits       *ebpf.MapSpec `ebpf:"rl_limits"`
+	RlLocal        *ebpf.MapSpec `ebpf:"rl_local"`
 	RlMeta         *ebpf.MapSpec `ebpf:"rl_meta"`
 	RlPace         *ebpf.MapSpec `ebpf:"rl_pace"`
 	RlPercpu       *ebpf.MapSpec `ebpf:"rl_percpu"`
@@ -508,6 +535,7 @@ type RatelimitVariableSpecs struct {
 	RlGlobalStats   *ebpf.VariableSpec `ebpf:"_rl_global_stats"`
 	RlHook          *ebpf.VariableSpec `ebpf:"_rl_hook"`
 	RlKeyKind       *ebpf.VariableSpec `ebpf:"_rl_key_kind"`
+	RlLocalFlag     *ebpf.VariableSpec `ebpf:"_rl_local_flag"`
 	RlMetaState     *ebpf.VariableSpec `ebpf:"_rl_meta_state"`
 	RlProtoClass    *ebpf.VariableSpec `ebpf:"_rl_proto_class"`
 	RlRejectBudget  *ebpf.VariableSpec `ebpf:"_rl_reject_budget"`
@@ -547,8 +575,10 @@ type RatelimitMaps struct {
 	RlDst6         *ebpf.Map `ebpf:"rl_dst6"`
 	RlFrags        *ebpf.Map `ebpf:"rl_frags"`
 	RlGlobal       *ebpf.Map `ebpf:"rl_global"`
+	RlIfMac        *ebpf.Map `ebpf:"rl_if_mac"`
 	RlKeyCache     *ebpf.Map `ebpf:"rl_key_cache"`
 	RlLimits       *ebpf.Map `ebpf:"rl_limits"`
+	RlLocal        *ebpf.Map `ebpf:"rl_local"`
 	RlMeta         *ebpf.Map `ebpf:"rl_meta"`
 	RlPace         *ebpf.Map `ebpf:"rl_pace"`
 	RlPercpu       *ebpf.Map `ebpf:"rl_percpu"`
@@ -577,8 +607,10 @@ func (m *RatelimitMaps) Close() error {
 		m.RlDst6,
 		m.RlFrags,
 		m.RlGlobal,
+		m.RlIfMac,
 		m.RlKeyCache,
 		m.RlLimits,
+		m.RlLocal,
 		m.RlMeta,
 		m.RlPace,
 		m.RlPercpu,
@@ -611,6 +643,7 @@ type RatelimitVariables struct {
 	RlGlobalStats   *ebpf.Variable `ebpf:"_rl_global_stats"`
 	RlHook          *ebpf.Variable `ebpf:"_rl_hook"`
 	RlKeyKind       *ebpf.Variable `ebpf:"_rl_key_kind"`
+	RlLocalFlag     *ebpf.Variable `ebpf:"_rl_local_flag"`
 	RlMetaState     *ebpf.Variable `ebpf:"_rl_meta_state"`
 	RlProtoClass    *ebpf.Variable `ebpf:"_rl_proto_class"`
 	RlRejectBudget  *ebpf.Variable `ebpf:"_rl_reject_budget"`

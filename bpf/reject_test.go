@@ -217,6 +217,7 @@ func l4Off(p pkt) int {
 // ingress, decoded with gopacket and their checksums computed here.
 func TestRejectReplies(t *testing.T) {
 	d := hookDatapath(t)
+	answerHere(t, d)
 	mustSet(t, d, 1, rejectAll(maps.TCP))
 	mustSet(t, d, 2, rejectAll(maps.UDP))
 	mustSet(t, d, 3, rejectAll(maps.ICMP))
@@ -281,6 +282,7 @@ func TestRejectReplies(t *testing.T) {
 // everything at an endpoint's interface.
 func TestRejectUnanswered(t *testing.T) {
 	d := hookDatapath(t)
+	answerHere(t, d)
 	mustSet(t, d, 1, rejectAll(maps.TCP))
 	mustSet(t, d, 2, rejectAll(maps.UDP))
 	mustSet(t, d, 3, rejectAll(maps.ICMP)) // ICMP and ICMPv6
@@ -370,6 +372,7 @@ func TestRejectUnanswered(t *testing.T) {
 // every count is exact.
 func TestRejectBudget(t *testing.T) {
 	d := testDatapath(t)
+	answerHere(t, d)
 	mustSet(t, d, 1, rejectAll(maps.TCP))
 	const rate, burst, n = 100, 20, 2000
 	if err := d.SetRejectBudget(maps.RejectBudget{PerSecond: rate, Burst: burst}); err != nil {
@@ -449,6 +452,7 @@ func TestRejectBudget(t *testing.T) {
 // And no more than the rate over the run and that raised burst.
 func TestRejectBudgetTick(t *testing.T) {
 	d := newDatapath(t, maps.Options{XDPOnly: true})
+	answerHere(t, d)
 	mustSet(t, d, 1, rejectAll(maps.TCP))
 	const rate, n = maps.MaxRejectRate, 2000
 	if err := d.SetRejectBudget(maps.RejectBudget{PerSecond: rate, Burst: 1}); err != nil {
@@ -482,6 +486,7 @@ func TestRejectBudgetTick(t *testing.T) {
 // reject limit admits passes.
 func TestRejectPrecedence(t *testing.T) {
 	d := testDatapath(t)
+	answerHere(t, d)
 	if err := d.SetRejectBudget(maps.RejectBudget{PerSecond: 100_000, Burst: 100_000}); err != nil {
 		t.Fatal(err)
 	}

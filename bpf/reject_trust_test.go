@@ -3,11 +3,39 @@ package bpf_test
 import (
 	"encoding/binary"
 	"fmt"
+	"net"
 	"net/netip"
 	"testing"
 
 	"github.com/rlagent/rlagent/maps"
 )
+
+// testIfindex is the interface a test run's packet arrives on: test_run
+// hands XDP and TC programs the loopback device's rx queue and skb.
+const testIfindex = 1
+
+// testMAC is the destination MAC of pkt's frames.
+var testMAC = net.HardwareAddr{0x02, 0, 0, 0, 0, 1}
+
+// answerHere makes the test frames' destinations the node's to answer, as
+// the agent does for its uplinks and addresses: the test interface's MAC
+// is testMAC, and the destinations of the reject tests are local.
+func answerHere(tb testing.TB, d *maps.Datapath, dsts ...string) {
+	tb.Helper()
+	if len(dsts) == 0 {
+		dsts = []string{"198.51.100.7", "2001:db8::7", "10.0.0.2"}
+	}
+	local := make(map[netip.Addr]maps.LocalKind, len(dsts))
+	for _, a := range dsts {
+		local[netip.MustParseAddr(a)] = maps.LocalNode
+	}
+	if err := d.SetLocalAddresses(local); err != nil {
+		tb.Fatal(err)
+	}
+	if err := d.SetInterfaceMACs(map[uint32]net.HardwareAddr{testIfindex: testMAC}); err != nil {
+		tb.Fatal(err)
+	}
+}
 
 // TestRejectChecksums: a packet with a bad IPv4 header checksum, a SYN
 // with a bad TCP checksum (over its header and options) and a SYN with
@@ -18,6 +46,7 @@ import (
 // one of them was answered.
 func TestRejectChecksums(t *testing.T) {
 	d := hookDatapath(t)
+	answerHere(t, d)
 	mustSet(t, d, 1, rejectAll(maps.TCP))
 	mustSet(t, d, 2, rejectAll(maps.UDP))
 	if err := d.SetRejectBudget(maps.RejectBudget{PerSecond: 100_000, Burst: 100_000}); err != nil {
@@ -99,6 +128,7 @@ func TestRejectChecksums(t *testing.T) {
 // which had no per-destination limit, the victim got all 100,000.
 func TestRejectPerDestination(t *testing.T) {
 	d := testDatapath(t)
+	answerHere(t, d)
 	mustSet(t, d, 1, rejectAll(maps.TCP))
 	const (
 		rate, burst = 100, 10
@@ -140,5 +170,93 @@ func TestRejectPerDestination(t *testing.T) {
 	}
 	if g.RejectDestBudget != uint64(sources-toVictim) {
 		t.Errorf("reject_dest_budget counted %d, want %d (the victim's SYNs refused)", g.RejectDestBudget, sources-toVictim)
+	}
+}
+
+// TestRejectNotLocal: action reject answers only what is the node's: a
+// unicast frame to the receiving interface's own MAC, to an address the
+// node owns or delivers (the agent's rl_local: its own addresses and its
+// local endpoints'). A frame to another host's MAC (a veth or promiscuous
+// uplink sees them; the reply would take that host's MAC as its source), a
+// packet to an address that is not the node's (the reply would come from
+// it) or to a subnet's broadcast address, and any frame on an interface
+// whose MAC the agent has not written, are dropped unanswered, counted
+// not_local. On 54615ce every one was answered.
+func TestRejectNotLocal(t *testing.T) {
+	d := hookDatapath(t)
+	mustSet(t, d, 1, rejectAll(maps.TCP))
+	mustSet(t, d, 2, rejectAll(maps.UDP))
+	if err := d.SetRejectBudget(maps.RejectBudget{PerSecond: 100_000, Burst: 100_000}); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SetLocalAddresses(map[netip.Addr]maps.LocalKind{
+		netip.MustParseAddr("198.51.100.7"): maps.LocalNode,
+		netip.MustParseAddr("10.244.1.5"):   maps.LocalEndpoint,
+		netip.MustParseAddr("2001:db8::7"):  maps.LocalNode,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	macs := map[uint32]net.HardwareAddr{testIfindex: testMAC}
+	if err := d.SetInterfaceMACs(macs); err != nil {
+		t.Fatal(err)
+	}
+	syn := func(dst string) pkt {
+		return pkt{src: "192.0.2.1", dst: dst, proto: protoTCP, sport: 40001, dport: 22, tcpFlags: tcpSYN}
+	}
+	udp := func(dst string) pkt {
+		return pkt{src: "192.0.2.1", dst: dst, proto: protoUDP, sport: 40005, dport: 53, payload: 8}
+	}
+	otherMAC := func(p pkt) []byte { b := p.bytes(); b[5] = 0x99; return b }
+	for _, tc := range []struct {
+		name   string
+		frame  []byte
+		answer bool
+	}{
+		{"syn to a node address", syn("198.51.100.7").bytes(), true},
+		{"syn to a local endpoint", syn("10.244.1.5").bytes(), true},
+		{"udp6 to a node address", pkt{src: "2001:db8::1", dst: "2001:db8::7", proto: protoUDP, sport: 40006, dport: 53}.bytes(), true},
+		{"syn to another host's MAC", otherMAC(syn("198.51.100.7")), false},
+		{"udp to another host's MAC", otherMAC(udp("198.51.100.7")), false},
+		{"syn to an address not the node's", syn("198.51.100.8").bytes(), false},
+		{"udp to an address not the node's", udp("203.0.113.9").bytes(), false},
+		{"udp to the subnet's broadcast address", udp("198.51.100.255").bytes(), false},
+		{"syn to an endpoint of another node", syn("10.244.2.5").bytes(), false},
+		{"tcp6 syn to an address not the node's", pkt{src: "2001:db8::1", dst: "2001:db8::8", proto: protoTCP, sport: 40002, dport: 22, tcpFlags: tcpSYN}.bytes(), false},
+	} {
+		for _, pr := range []prog{xdpProg, tcProgs[0]} {
+			t.Run(tc.name+"/"+pr.name, func(t *testing.T) {
+				prog, tx, drop := d.Program(), uint32(xdpTX), uint32(xdpDrop)
+				if pr.tc {
+					prog, tx, drop = d.TCProgram(pr.hook), tcRedirect, tcShot
+				}
+				before := mustGlobal(t, d)
+				v, _ := runOut(t, prog, tc.frame)
+				after := mustGlobal(t, d)
+				answered := after.RejectRST + after.RejectICMP - before.RejectRST - before.RejectICMP
+				if tc.answer {
+					if v != tx || answered != 1 {
+						t.Fatalf("verdict %d, %d replies counted; want %d, answered once", v, answered, tx)
+					}
+					return
+				}
+				if v != drop || answered != 0 {
+					t.Fatalf("verdict %d, %d replies counted; want %d, dropped unanswered", v, answered, drop)
+				}
+				if n := after.RejectNotLocal - before.RejectNotLocal; n != 1 {
+					t.Errorf("%d counted not_local, want 1", n)
+				}
+			})
+		}
+	}
+	// An interface whose MAC the agent has not written answers nothing.
+	if err := d.SetInterfaceMACs(nil); err != nil {
+		t.Fatal(err)
+	}
+	before := mustGlobal(t, d)
+	if v, _ := runOut(t, d.Program(), syn("198.51.100.7").bytes()); v != xdpDrop {
+		t.Errorf("no MAC for the interface: verdict %d, want %d (dropped unanswered)", v, xdpDrop)
+	}
+	if n := mustGlobal(t, d).RejectNotLocal - before.RejectNotLocal; n != 1 {
+		t.Errorf("no MAC for the interface: %d counted not_local, want 1", n)
 	}
 }

@@ -103,6 +103,10 @@ type GlobalStats struct {
 	// reply's destination (the packet's source, an IPv6 /64) had its
 	// replies (RejectBudget.PerDestination).
 	RejectDestBudget uint64 `json:"rejectDestBudget"`
+	// RejectNotLocal counts rejects dropped unanswered because the frame
+	// was not to the receiving interface's MAC or the packet not to an
+	// address the node owns or delivers (SetLocalAddresses).
+	RejectNotLocal uint64 `json:"rejectNotLocal"`
 }
 
 // GlobalStats reads the counters that belong to no limit.
@@ -127,6 +131,7 @@ func (d *Datapath) GlobalStats() (GlobalStats, error) {
 		g.RejectBudget += c.RejectBudget
 		g.RejectUnanswered += c.RejectUnanswered
 		g.RejectDestBudget += c.RejectDestBudget
+		g.RejectNotLocal += c.RejectNotLocal
 	}
 	return g, nil
 }

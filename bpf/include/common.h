@@ -28,6 +28,8 @@ enum rl_const {
 	RL_MAX_RATE = 4000000000U, /* units/s (32 Gbit/s in bytes); keeps the fixed-point products below 2^64 */
 	RL_MAX_BURST_SECONDS = 3600, /* burst / rate; idem */
 	RL_MAX_PROTECT = 32,	/* protect rules: one bit each in a __u32 */
+	RL_MAX_LOCAL = 16384,	/* rl_local: the node's and its endpoints' addresses */
+	RL_MAX_IFACES = 1024,	/* rl_if_mac: interfaces the agent attached to */
 	RL_PROTECT_SIDE = 2 * 65536, /* rl_protect_ports: local ports, then remote ports */
 	RL_MAX_HORIZON_NS = 4000000000U, /* a paced limit's horizon: at most 4 s (fits rl_limit.horizon_ns) */
 	RL_HEAD4_BITS = 16,
@@ -205,6 +207,25 @@ struct rl_config {
 };
 
 /* A datagram whose first fragment was seen. */
+/* What an address of rl_local is to this node (flags). */
+enum rl_local_flag {
+	RL_LOCAL_NODE = 1,	/* one of the node's own addresses (an interface's of its namespace) */
+	RL_LOCAL_ENDPOINT = 2,	/* a local endpoint's (a pod on this node), which the node delivers */
+};
+
+/* An address of rl_local: IPv4 in a[3] (as the parser keeps it), the rest
+ * zero. */
+struct rl_local_key {
+	__u32 family;		/* 4 or 6 */
+	__u32 a[4];
+};
+
+/* An interface's MAC address, in rl_if_mac. */
+struct rl_mac {
+	__u8 addr[6];
+	__u8 pad[2];
+};
+
 struct rl_frag_key {
 	__u32 src[4];
 	__u32 dst[4];
@@ -348,6 +369,7 @@ struct rl_global_stats {
 	__u64 reject_budget;	/* action reject: dropped unanswered, the reply budget spent */
 	__u64 reject_unanswered; /* action reject: dropped unanswered, the packet may not be answered there */
 	__u64 reject_dest_budget; /* action reject: dropped unanswered, the reply's destination had its replies */
+	__u64 reject_not_local;	/* action reject: dropped unanswered, not to this interface's MAC or not to an address of the node's */
 };
 
 /* The node's budget of replies to rejected packets (reject.h). Written by

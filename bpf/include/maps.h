@@ -9,6 +9,29 @@
 
 #include "common.h"
 
+/* struct rl_local_key -> enum rl_local_flag bits: the addresses this node
+ * owns or delivers (its own, its local endpoints'), written by the agent
+ * from netlink and its endpoints. HASH: exact /32 and /128 addresses, few
+ * and sparse. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, RL_MAX_LOCAL);
+	__type(key, struct rl_local_key);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} rl_local SEC(".maps");
+
+/* ifindex -> struct rl_mac: the MAC address of each interface the
+ * agent attached to, which XDP cannot read from its context. HASH:
+ * ifindexes are sparse. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, RL_MAX_IFACES);
+	__type(key, __u32);
+	__type(value, struct rl_mac);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} rl_if_mac SEC(".maps");
+
 /* limit id -> struct rl_limit. ARRAY: inlined lookup, ids are dense. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);

@@ -42,6 +42,7 @@
 #include "common.h"
 #include "parse.h"
 #include "clock.h"
+#include "maps.h"
 
 #define RL_REPLY_IN 136		/* bytes of the packet read: L2 (up to 30) + IPv6 + TCP with options */
 #define RL_REPLY_L2MAX (14 + 4 * RL_MAX_VLAN)
@@ -228,6 +229,35 @@ static __always_inline bool rl_reply_dest_spend(const struct pkt *p)
 			return true;
 	}
 	return false;	/* contended: as spent */
+}
+
+/* Whether the packet is the node's to answer: a frame to the receiving
+ * interface's own MAC (rl_if_mac: XDP has no pkt_type; so that a reply
+ * never takes another host's MAC as its source on a veth or a promiscuous
+ * uplink), to an address the node owns or delivers (rl_local: so that a
+ * reply never comes from an address that is not the node's, and a subnet
+ * broadcast, which is no one's address, is never answered). */
+static __always_inline bool rl_reply_local(const struct rl_reply_scratch *s, const struct pkt *p, __u32 ifindex)
+{
+	struct rl_local_key k = {};
+	const struct rl_mac *mac;
+
+	mac = bpf_map_lookup_elem(&rl_if_mac, &ifindex);
+	if (!mac)
+		return false;
+	for (int i = 0; i < 6; i++)
+		if (s->in[i] != mac->addr[i])
+			return false;
+	k.family = p->family;
+	if (p->family == 4) {
+		k.a[3] = p->dst[3];
+	} else {
+		k.a[0] = p->dst[0];
+		k.a[1] = p->dst[1];
+		k.a[2] = p->dst[2];
+		k.a[3] = p->dst[3];
+	}
+	return bpf_map_lookup_elem(&rl_local, &k) != NULL;
 }
 
 /* One's-complement addition of a 32-bit word: the carry goes around. */
