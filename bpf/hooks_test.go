@@ -382,9 +382,13 @@ func TestMoveLimit(t *testing.T) {
 // uplink-in and endpoint-in: traffic INTO the endpoint, though the host
 // sees it leave through the veth's egress) and the source port of traffic
 // going out; its peer is the source or the destination. Every hook has a
-// rate-0 limit, so a packet the rule does not protect is dropped.
+// rate-0 limit, so a packet the rule does not protect is dropped. A rule
+// exempts the node's own traffic only: at the uplinks' hooks (both
+// addresses are the node's here), never at an endpoint's
+// (TestProtectNodeOnly).
 func TestHookDirection(t *testing.T) {
 	d := hookDatapath(t)
+	nodeAddresses(t, d, src4, dst4)
 	for h := range maps.NumHooks {
 		hook := maps.Hook(h)
 		mustSet(t, d, uint32(h), empty(maps.Match{Attach: hook.Attach(), Direction: hook.Direction()}))
@@ -401,15 +405,16 @@ func TestHookDirection(t *testing.T) {
 	toPeer := with(udp4p, func(p *pkt) { p.dst = "192.0.2.9" }).bytes()
 	forEachProg(t, allProgs, func(t *testing.T, p prog) {
 		in := p.hook.Direction() == maps.Ingress
+		up := p.hook.Attach() == maps.Uplink
 		for _, c := range []struct {
 			name      string
 			b         []byte
 			protected bool
 		}{
-			{"to local port 22", toSSH, in},
-			{"from local port 22", fromSSH, !in},
-			{"from the peer", fromPeer, in},
-			{"to the peer", toPeer, !in},
+			{"to local port 22", toSSH, up && in},
+			{"from local port 22", fromSSH, up && !in},
+			{"from the peer", fromPeer, up && in},
+			{"to the peer", toPeer, up && !in},
 		} {
 			want := uint32(xdpDrop)
 			if c.protected {

@@ -2,6 +2,7 @@ package bpf_test
 
 import (
 	"errors"
+	"net/netip"
 	"testing"
 
 	"github.com/rlagent/rlagent/maps"
@@ -24,6 +25,7 @@ func TestProtect(t *testing.T) {
 	if err := d.SetProtected(rules); err != nil {
 		t.Fatal(err)
 	}
+	nodeAddresses(t, d, dst4, dst6) // the packets arrive at the node
 	tiny := with(tcp4p, func(p *pkt) { p.dport = 22 }).bytes()
 	tiny = patched(tiny[:ipv4Off+20+8], ipv4Off+6, 0x20, 0x00) // MF, offset 0, 8 bytes of TCP
 	tiny = patched(tiny, ipv4Off+2, 0, 28)                     // total length 28
@@ -107,6 +109,7 @@ func TestProtect(t *testing.T) {
 func TestProtectRejects(t *testing.T) {
 	d := testDatapath(t)
 	mustSet(t, d, 0, maps.Limit{})
+	nodeAddresses(t, d, dst4)
 	ssh := maps.ProtectRule{Protocol: maps.TCP, LocalPorts: []maps.PortRange{{First: 22, Last: 22}}}
 	if err := d.SetProtected([]maps.ProtectRule{ssh}); err != nil {
 		t.Fatal(err)
@@ -139,5 +142,94 @@ func TestProtectRejects(t *testing.T) {
 				t.Errorf("ssh after a rejected change: verdict %d, want pass", got)
 			}
 		})
+	}
+}
+
+// nodeAddresses makes addrs the node's own addresses (rl_local), as the
+// agent writes them from netlink.
+func nodeAddresses(tb testing.TB, d *maps.Datapath, addrs ...string) {
+	tb.Helper()
+	local := make(map[netip.Addr]maps.LocalKind, len(addrs))
+	for _, a := range addrs {
+		local[netip.MustParseAddr(a)] = maps.LocalNode
+	}
+	if err := d.SetLocalAddresses(local); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// TestProtectNodeOnly: a protect rule exempts the node's own control
+// traffic only, per hook and direction. Arriving (XDP, an uplink's TC
+// ingress): a packet to one of the node's addresses, not one to a local
+// pod's address (on 54615ce a pod's port 22 was unlimitable). Leaving (an
+// uplink's TC egress): a packet from a node address (test_run's skb has a
+// socket; TestProtectEgressNeedsSocket sends real ones), not one from a
+// pod's address that opened its connection from port 22 (on 54615ce it
+// escaped every egress limit). At the endpoints' hooks: nothing.
+func TestProtectNodeOnly(t *testing.T) {
+	const node4, node6, pod4, pod6 = "10.0.0.2", "2001:db8::2", "10.244.1.5", "2001:db8:244::5"
+	d := hookDatapath(t)
+	if err := d.SetLocalAddresses(map[netip.Addr]maps.LocalKind{
+		netip.MustParseAddr(node4): maps.LocalNode,
+		netip.MustParseAddr(node6): maps.LocalNode,
+		netip.MustParseAddr(pod4):  maps.LocalEndpoint,
+		netip.MustParseAddr(pod6):  maps.LocalEndpoint,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for i, pr := range allProgs {
+		l := maps.Limit{} // admits nothing
+		l.Match.Direction = pr.hook.Direction()
+		l.Match.Attach = pr.hook.Attach()
+		mustSet(t, d, uint32(i), l)
+	}
+	if err := d.SetProtected([]maps.ProtectRule{{Protocol: maps.TCP, LocalPorts: []maps.PortRange{{First: 22, Last: 22}}}}); err != nil {
+		t.Fatal(err)
+	}
+	in := func(dst string) []byte {
+		src := "192.0.2.1"
+		if netip.MustParseAddr(dst).Is6() {
+			src = "2001:db8:1::1"
+		}
+		return pkt{src: src, dst: dst, proto: protoTCP, sport: 40000, dport: 22, tcpFlags: tcpSYN}.bytes()
+	}
+	out := func(src string) []byte {
+		dst := "192.0.2.1"
+		if netip.MustParseAddr(src).Is6() {
+			dst = "2001:db8:1::1"
+		}
+		return pkt{src: src, dst: dst, proto: protoTCP, sport: 22, dport: 40000}.bytes()
+	}
+	for _, pr := range allProgs {
+		ingress := pr.hook.Direction() == maps.Ingress
+		uplink := pr.hook.Attach() == maps.Uplink
+		for _, tc := range []struct {
+			name      string
+			frame     []byte
+			protected bool
+		}{
+			{"ssh to a node address", in(node4), ingress && uplink},
+			{"ssh to a node address over ipv6", in(node6), ingress && uplink},
+			{"ssh to a pod", in(pod4), false},
+			{"ssh to a pod over ipv6", in(pod6), false},
+			{"ssh to an address not the node's", in("10.0.0.3"), false},
+			{"from port 22 of a node address", out(node4), !ingress && uplink},
+			{"from port 22 of a node address over ipv6", out(node6), !ingress && uplink},
+			{"from port 22 of a pod", out(pod4), false},
+			{"from port 22 of a pod over ipv6", out(pod6), false},
+		} {
+			t.Run(pr.name+"/"+tc.name, func(t *testing.T) {
+				g0 := mustGlobal(t, d)
+				got := pr.run(t, d, tc.frame)
+				prot := mustGlobal(t, d).Protected - g0.Protected
+				want, wantProt := uint32(xdpDrop), uint64(0)
+				if tc.protected {
+					want, wantProt = xdpPass, 1
+				}
+				if got != want || prot != wantProt {
+					t.Errorf("verdict %d, protected counted %d; want %d, %d", got, prot, want, wantProt)
+				}
+			})
+		}
 	}
 }

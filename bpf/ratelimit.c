@@ -787,11 +787,21 @@ static __always_inline void rl_commit(const struct pkt *p, const struct match *m
  * port on ingress, the source port on egress. A rule names no port
  * (protect_portless: any packet of its peers) or local or remote TCP/UDP
  * ports (rl_protect_ports), and may be restricted to peer prefixes
- * (protect_peers, rl_protect4/6). */
-static __always_inline bool rl_protected(const struct pkt *p, const struct rl_config *cfg, __u32 dir)
+ * (protect_peers, rl_protect4/6). A rule exempts only the node's own
+ * traffic (docs/datapath.md, Protect rules): at the uplinks' ingress (XDP
+ * and TC) a packet to one of the node's addresses (rl_local, flag node);
+ * at an uplink's TC egress one from a node address with a local socket;
+ * at the endpoints' hooks nothing. */
+static __always_inline bool rl_protected(const struct pkt *p, const struct rl_config *cfg, __u32 hook)
 {
+	__u32 dir = hook & 1;
 	__u32 rules = cfg->protect_portless;
 	const __u32 *peer = dir == RL_DIR_INGRESS ? p->src : p->dst;
+
+	/* The node's own control traffic only: never at an endpoint's
+	 * interface (a pod's ports are not the node's). */
+	if (hook >> 1 != RL_ATTACH_UPLINK)
+		return false;
 
 	if (p->has_ports) {
 		__u32 local = dir == RL_DIR_INGRESS ? p->dport : p->sport;
@@ -820,7 +830,14 @@ static __always_inline bool rl_protected(const struct pkt *p, const struct rl_co
 		}
 		rules &= ~cfg->protect_peers | (m ? *m : 0);
 	}
-	return rules != 0;
+	if (!rules)
+		return false;
+	/* Arriving: to one of the node's own addresses (not an endpoint's).
+	 * Leaving: from one, and sent by a socket of this host; a forwarded
+	 * packet has none, also after SNAT gave it the node's address. */
+	if (dir == RL_DIR_INGRESS)
+		return rl_local_flags(p->family, p->dst) & RL_LOCAL_NODE;
+	return p->sk && (rl_local_flags(p->family, p->src) & RL_LOCAL_NODE);
 }
 
 /* The limits whose prefixes of one side cover addr: for IPv4 the first
@@ -1191,7 +1208,6 @@ __noinline int rl_frag(struct pkt *p, __u64 *now)
  * alone. */
 static __always_inline int rl_decide(struct pkt *p, __u32 hook, __u64 *depart)
 {
-	__u32 dir = hook & 1;	/* the traffic's direction (enum rl_hook) */
 	struct rl_config *cfg;
 	struct rl_mask cand;
 	__u64 now = 0;	/* the clock, read at most once, where needed */
@@ -1208,7 +1224,7 @@ static __always_inline int rl_decide(struct pkt *p, __u32 hook, __u64 *depart)
 	cfg = bpf_map_lookup_elem(&rl_cfg, &zero);
 	if (!cfg)
 		return RL_PASS;
-	if (__builtin_expect(cfg->protect_rules != 0, 0) && rl_protected(p, cfg, dir)) {
+	if (__builtin_expect(cfg->protect_rules != 0, 0) && rl_protected(p, cfg, hook)) {
 		rl_global_count(G_PROTECTED);
 		return RL_PASS;
 	}
@@ -1418,6 +1434,8 @@ static __always_inline int rl_tc(struct __sk_buff *skb, __u32 hook)
 	if (rl_parse_skb(skb, &p) < 0)
 		return TCX_NEXT;
 	rl_skb_wire(skb, &p);
+	if (hook == RL_HOOK_UPLINK_OUT)
+		p.sk = skb->sk != NULL;
 	switch (rl_decide(&p, hook, &depart)) {
 	case RL_PASS:
 		break;

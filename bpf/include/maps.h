@@ -21,6 +21,26 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } rl_local SEC(".maps");
 
+/* What the address a (IPv4 in a[3]) of family is to this node: enum
+ * rl_local_flag bits, 0 when it is not the node's. */
+static __always_inline __u32 rl_local_flags(__u8 family, const __u32 *a)
+{
+	struct rl_local_key k = {};
+	__u32 *v;
+
+	k.family = family;
+	if (family == 4) {
+		k.a[3] = a[3];
+	} else {
+		k.a[0] = a[0];
+		k.a[1] = a[1];
+		k.a[2] = a[2];
+		k.a[3] = a[3];
+	}
+	v = bpf_map_lookup_elem(&rl_local, &k);
+	return v ? *v : 0;
+}
+
 /* ifindex -> struct rl_mac: the MAC address of each interface the
  * agent attached to, which XDP cannot read from its context. HASH:
  * ifindexes are sparse. */

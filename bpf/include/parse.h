@@ -107,7 +107,9 @@ struct pkt {
 	/* A TCP SYN without ACK, RST or FIN, its whole header read: a
 	 * connection attempt (RL_UNIT_CONNECTIONS). */
 	__u8 syn;
-	__u8 pad;
+	/* At an uplink's TC egress: the skb has a socket of this host (the
+	 * node sends it; a forwarded packet has none). 0 elsewhere. */
+	__u8 sk;
 };
 
 static __always_inline bool parse_is_vlan(__u16 proto)

@@ -239,7 +239,6 @@ static __always_inline bool rl_reply_dest_spend(const struct pkt *p)
  * broadcast, which is no one's address, is never answered). */
 static __always_inline bool rl_reply_local(const struct rl_reply_scratch *s, const struct pkt *p, __u32 ifindex)
 {
-	struct rl_local_key k = {};
 	const struct rl_mac *mac;
 
 	mac = bpf_map_lookup_elem(&rl_if_mac, &ifindex);
@@ -248,16 +247,7 @@ static __always_inline bool rl_reply_local(const struct rl_reply_scratch *s, con
 	for (int i = 0; i < 6; i++)
 		if (s->in[i] != mac->addr[i])
 			return false;
-	k.family = p->family;
-	if (p->family == 4) {
-		k.a[3] = p->dst[3];
-	} else {
-		k.a[0] = p->dst[0];
-		k.a[1] = p->dst[1];
-		k.a[2] = p->dst[2];
-		k.a[3] = p->dst[3];
-	}
-	return bpf_map_lookup_elem(&rl_local, &k) != NULL;
+	return rl_local_flags(p->family, p->dst) != 0;
 }
 
 /* One's-complement addition of a 32-bit word: the carry goes around. */

@@ -1,0 +1,82 @@
+package e2e
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rlagent/rlagent/internal/nettest"
+)
+
+// TestProtectEgressNeedsSocket: at an uplink's TC egress a protect rule
+// exempts only what the node itself sends, with a local socket. With an
+// egress limit that admits nothing and the rule ssh (tcp, local port 22):
+//   - the node's own sshd-like server on port 22 answers the remote:
+//     every exchange completes (its packets leave from a node address, with
+//     a socket);
+//   - a pod that opens its connections from source port 22, forwarded by
+//     the node out of the same uplink, is limited: no exchange completes.
+//     On 54615ce the rule matched any packet from port 22, and every one
+//     did.
+func TestProtectEgressNeedsSocket(t *testing.T) {
+	r := newRig(t, nettest.TopologyConfig{Uplink: true, RoutedPods: []string{"p"}})
+	pod := r.topo.Pod("p")
+	const nodePort, remotePorts = 22, 7100
+	echoServer(t, r.topo.Node, nodePort)
+	for i := range 5 {
+		echoServer(t, r.topo.Remote, remotePorts+i)
+	}
+	r.start("protect: [{name: ssh, protocol: tcp, localPorts: [22]}]\n", `  - name: egress
+    rate: 2
+    burst: 2
+    match: {direction: egress}
+`)
+	for _, v6 := range []bool{false, true} {
+		node := r.topo.NodeUp4
+		remote := r.topo.RemoteUp4
+		if v6 {
+			node, remote = r.topo.NodeUp6, r.topo.RemoteUp6
+		}
+		ok, err := exchanges(r.topo.Remote, netip.AddrPortFrom(node, nodePort), 20, 2*time.Second)
+		t.Logf("%s: the node's port 22 answering the remote: %d of 20 exchanges completed", family(v6), ok)
+		if ok != 20 {
+			t.Errorf("%s: %d of 20 exchanges with the node's port 22 completed (last error %v), want all: the node's own answers are protected", family(v6), ok, err)
+		}
+		fromPod := 0
+		for i := range 5 {
+			if exchangeFrom(pod.NS, netip.AddrPortFrom(pod.Addr(v6), 22), netip.AddrPortFrom(remote, uint16(remotePorts+i)), 500*time.Millisecond) == nil {
+				fromPod++
+			}
+		}
+		t.Logf("%s: a pod connecting from its port 22, forwarded out of the uplink: %d of 5 exchanges completed", family(v6), fromPod)
+		if fromPod != 0 {
+			t.Errorf("%s: %d of 5 exchanges from a pod's port 22 completed under an egress limit that admits nothing: a forwarded packet passed as the node's", family(v6), fromPod)
+		}
+	}
+}
+
+// exchangeFrom is exchange from the local address from.
+func exchangeFrom(ns *nettest.NS, from, dst netip.AddrPort, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	var c net.Conn
+	if err := ns.Do(func() (err error) {
+		d := net.Dialer{Deadline: deadline, LocalAddr: net.TCPAddrFromAddrPort(from)}
+		c, err = d.DialContext(context.Background(), "tcp", dst.String())
+		return err
+	}); err != nil {
+		return err
+	}
+	defer c.Close()
+	c.SetDeadline(deadline)
+	msg := []byte(strings.Repeat("from 22.", 8))
+	if _, err := c.Write(msg); err != nil {
+		return err
+	}
+	buf := make([]byte, len(msg))
+	_, err := io.ReadFull(c, buf)
+	return err
+}
