@@ -6,8 +6,11 @@ import (
 	"net"
 	"net/netip"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/rlagent/rlagent/internal/nettest"
 )
@@ -47,12 +50,16 @@ func TestProtectEgressNeedsSocket(t *testing.T) {
 			t.Errorf("%s: %d of 20 exchanges with the node's port 22 completed (last error %v), want all: the node's own answers are protected", family(v6), ok, err)
 		}
 		fromPod := 0
+		var last error
 		for i := range 5 {
-			if exchangeFrom(pod.NS, netip.AddrPortFrom(pod.Addr(v6), 22), netip.AddrPortFrom(remote, uint16(remotePorts+i)), 500*time.Millisecond) == nil {
+			err := exchangeFrom(pod.NS, netip.AddrPortFrom(pod.Addr(v6), 22), netip.AddrPortFrom(remote, uint16(remotePorts+i)), 500*time.Millisecond)
+			if err == nil {
 				fromPod++
+			} else {
+				last = err
 			}
 		}
-		t.Logf("%s: a pod connecting from its port 22, forwarded out of the uplink: %d of 5 exchanges completed", family(v6), fromPod)
+		t.Logf("%s: a pod connecting from its port 22, forwarded out of the uplink: %d of 5 exchanges completed (last error %v)", family(v6), fromPod, last)
 		if fromPod != 0 {
 			t.Errorf("%s: %d of 5 exchanges from a pod's port 22 completed under an egress limit that admits nothing: a forwarded packet passed as the node's", family(v6), fromPod)
 		}
@@ -64,7 +71,18 @@ func exchangeFrom(ns *nettest.NS, from, dst netip.AddrPort, timeout time.Duratio
 	deadline := time.Now().Add(timeout)
 	var c net.Conn
 	if err := ns.Do(func() (err error) {
-		d := net.Dialer{Deadline: deadline, LocalAddr: net.TCPAddrFromAddrPort(from)}
+		// SO_REUSEADDR: the previous connection from the same port
+		// waits in TIME_WAIT (to another remote port).
+		d := net.Dialer{Deadline: deadline, LocalAddr: net.TCPAddrFromAddrPort(from),
+			Control: func(_, _ string, rc syscall.RawConn) error {
+				var serr error
+				if err := rc.Control(func(fd uintptr) {
+					serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEADDR, 1)
+				}); err != nil {
+					return err
+				}
+				return serr
+			}}
 		c, err = d.DialContext(context.Background(), "tcp", dst.String())
 		return err
 	}); err != nil {
