@@ -42,7 +42,7 @@ var (
 	descFragUnseen      = desc("datapath_fragments_unseen_total", "Later fragments whose first fragment was not seen (L4-unknown).")
 	descCacheBypass     = desc("datapath_key_cache_bypass_total", "Keyed checks that drew from the shared pool directly: the packet held both ways of the bucket's cache set.")
 	descRejectReplies   = desc("datapath_reject_replies_total", "Replies sent to packets that limits with action reject dropped, by kind: rst (TCP RST/ACK to a SYN), icmp (ICMP or ICMPv6 port unreachable to a UDP datagram).", "kind")
-	descRejectDropped   = desc("datapath_reject_unanswered_total", "Packets that limits with action reject dropped without a reply, by reason: budget (the node's rejectBudget was spent), unanswerable (not a TCP SYN or UDP datagram, a fragment, IP options or IPv6 extension headers, a broadcast, multicast or non-unicast address, or at an endpoint's interface).", "reason")
+	descRejectDropped   = desc("datapath_reject_unanswered_total", "Packets that limits with action reject dropped without a reply, by reason: budget (the node's rejectBudget was spent), destination_budget (the reply's destination had spent its rejectBudget.perDestination), not_local (a frame not to the receiving interface's MAC, or to an address the node neither owns nor delivers), unanswerable (not a TCP SYN or UDP datagram, a bad checksum, a SYN with payload, a fragment, IP options or IPv6 extension headers, a broadcast, multicast or non-unicast address, or at an endpoint's interface).", "reason")
 	descPoolFull        = desc("datapath_pool_full_total", "New keys that found no room in the bucket map and were passed unlimited.")
 	descLeaseContended  = desc("datapath_lease_contended_total", "Leases that gave up on a contended bucket (the packet was rejected).")
 	// Health (collected by health, not collector: it reads no map).
@@ -187,6 +187,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(descRejectReplies, g.RejectICMP, "icmp")
 	counter(descRejectDropped, g.RejectBudget, "budget")
 	counter(descRejectDropped, g.RejectUnanswered, "unanswerable")
+	counter(descRejectDropped, g.RejectDestBudget, "destination_budget")
+	counter(descRejectDropped, g.RejectNotLocal, "not_local")
 }
 
 var (

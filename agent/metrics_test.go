@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/rlagent/rlagent/maps"
 )
 
 // scrapeWithin GETs url and fails the test if no answer came by the
@@ -140,5 +142,38 @@ func TestMetricsServerLimits(t *testing.T) {
 	released = true
 	if code := <-first; code != http.StatusOK {
 		t.Errorf("the first scrape: %d, want 200", code)
+	}
+}
+
+// Every reason a reject goes unanswered has its label, with its own
+// counter's value: not_local and destination_budget (issue 22) were
+// counted by the data path and shown nowhere.
+func TestRejectUnansweredReasons(t *testing.T) {
+	g := maps.GlobalStats{RejectBudget: 1, RejectUnanswered: 2, RejectDestBudget: 3, RejectNotLocal: 4}
+	c := &collector{read: func() ([]LimitStatus, maps.GlobalStats, error) { return nil, g, nil }}
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(c)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() != "rlagent_datapath_reject_unanswered_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "reason" {
+					got[l.GetValue()] = m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	want := map[string]float64{"budget": 1, "unanswerable": 2, "destination_budget": 3, "not_local": 4}
+	for reason, v := range want {
+		if got[reason] != v {
+			t.Errorf("rlagent_datapath_reject_unanswered_total{reason=%q} = %v, want %v (all: %v)", reason, got[reason], v, got)
+		}
 	}
 }

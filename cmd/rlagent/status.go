@@ -153,7 +153,9 @@ func printStatus(w io.Writer, st []agent.LimitStatus, output string) error {
 func printGlobal(w io.Writer, g maps.GlobalStats) {
 	fmt.Fprintf(w, "data path: l4-unknown %d, fragments %d first / %d unseen, protected %d, "+
 		"match overflow %d (fail closed %d), pool full %d, lease contended %d, key cache bypass %d, "+
-		"rejects answered %d rst / %d icmp, unanswered %d over budget / %d unanswerable\n",
+		"rejects answered %d rst / %d icmp, unanswered %d over budget / %d over a destination's budget / "+
+		"%d not local / %d unanswerable\n",
 		g.L4Unknown, g.FragFirst, g.FragUnseen, g.Protected, g.MatchOverflow, g.FailClosed,
-		g.PoolFull, g.LeaseContended, g.CacheBypass, g.RejectRST, g.RejectICMP, g.RejectBudget, g.RejectUnanswered)
+		g.PoolFull, g.LeaseContended, g.CacheBypass, g.RejectRST, g.RejectICMP, g.RejectBudget, g.RejectDestBudget,
+		g.RejectNotLocal, g.RejectUnanswered)
 }
