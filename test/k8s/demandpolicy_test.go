@@ -186,17 +186,23 @@ func deniedByPolicy(err error) bool {
 // system:masters, which may impersonate users, groups and extras.
 func agentClient(t testing.TB, env *k8stest.Env, extra map[string][]string) kubernetes.Interface {
 	t.Helper()
+	c, err := kubernetes.NewForConfig(agentConfig(env, extra))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// agentConfig is env's client config impersonating the agents'
+// ServiceAccount, with extra as its user extras.
+func agentConfig(env *k8stest.Env, extra map[string][]string) *rest.Config {
 	cfg := rest.CopyConfig(env.Config)
 	cfg.Impersonate = rest.ImpersonationConfig{
 		UserName: agentUser,
 		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + agentNamespace, "system:authenticated"},
 		Extra:    extra,
 	}
-	c, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
+	return cfg
 }
 
 // applyUntilCleanup server-side applies obj for real and, unless it existed

@@ -17,7 +17,6 @@ import (
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
 	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
-	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
 
 	"github.com/rlagent/rlagent/api/v1alpha1"
@@ -58,13 +57,7 @@ func applyDeployPolicies(t *testing.T, env *k8stest.Env) {
 // with extra as its user extras.
 func agentDynamic(t testing.TB, env *k8stest.Env, extra map[string][]string) dynamic.Interface {
 	t.Helper()
-	cfg := rest.CopyConfig(env.Config)
-	cfg.Impersonate = rest.ImpersonationConfig{
-		UserName: agentUser,
-		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + agentNamespace, "system:authenticated"},
-		Extra:    extra,
-	}
-	d, err := dynamic.NewForConfig(cfg)
+	d, err := dynamic.NewForConfig(agentConfig(env, extra))
 	if err != nil {
 		t.Fatal(err)
 	}
