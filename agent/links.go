@@ -312,10 +312,14 @@ func (a *Agent) syncLocal() {
 	for _, ad := range node {
 		local[ad] |= maps.LocalNode
 	}
-	if err == nil || len(local) > 0 {
-		if err := a.dp.SetLocalAddresses(local); err != nil {
-			a.logOnce("local addresses write", "write the node's addresses for action reject", "error", err)
-		}
+	// A list that failed part way (an interrupted dump) adds what it has
+	// and removes nothing: a node address it missed stays protected.
+	write := a.dp.SetLocalAddresses
+	if err != nil {
+		write = a.dp.AddLocalAddresses
+	}
+	if err := write(local); err != nil {
+		a.logOnce("local addresses write", "write the node's addresses for action reject and the protect rules", "error", err)
 	}
 	macs := make(map[uint32]net.HardwareAddr)
 	for _, iface := range a.cfg.Interfaces {

@@ -44,10 +44,23 @@ func localKey(addr netip.Addr) bpf.RatelimitRlLocalKey {
 }
 
 // SetLocalAddresses makes addrs the addresses the node owns or delivers,
-// each with its kinds: action reject answers only packets to one of them.
+// each with its kinds: action reject answers only packets to one of them,
+// and protect rules exempt only packets to or from a node address.
 // Addresses not in addrs are removed. IPv4-mapped IPv6 addresses are taken
 // as IPv4.
 func (d *Datapath) SetLocalAddresses(addrs map[netip.Addr]LocalKind) error {
+	return d.writeLocal(addrs, true)
+}
+
+// AddLocalAddresses writes addrs as SetLocalAddresses does but removes
+// none: for a list that may be incomplete (a netlink dump that was
+// interrupted), where removing what it lacks could take a node address out
+// of the protect rules' reach until the next complete list.
+func (d *Datapath) AddLocalAddresses(addrs map[netip.Addr]LocalKind) error {
+	return d.writeLocal(addrs, false)
+}
+
+func (d *Datapath) writeLocal(addrs map[netip.Addr]LocalKind, prune bool) error {
 	if len(addrs) > MaxLocalAddresses {
 		return fmt.Errorf("local addresses: %d are more than %d", len(addrs), MaxLocalAddresses)
 	}
@@ -59,30 +72,10 @@ func (d *Datapath) SetLocalAddresses(addrs map[netip.Addr]LocalKind) error {
 		k := localKey(a.Unmap())
 		want[k] |= uint32(kind)
 	}
-	var errs []error
-	for k, v := range want {
-		if err := d.objs.RlLocal.Put(k, v); err != nil {
-			errs = append(errs, fmt.Errorf("write local address: %w", err))
-		}
+	if err := syncMap(d.objs.RlLocal, want, prune); err != nil {
+		return fmt.Errorf("local addresses: %w", err)
 	}
-	var k bpf.RatelimitRlLocalKey
-	var v uint32
-	var stale []bpf.RatelimitRlLocalKey
-	it := d.objs.RlLocal.Iterate()
-	for it.Next(&k, &v) {
-		if _, ok := want[k]; !ok {
-			stale = append(stale, k)
-		}
-	}
-	if err := it.Err(); err != nil {
-		errs = append(errs, fmt.Errorf("list local addresses: %w", err))
-	}
-	for _, k := range stale {
-		if err := d.objs.RlLocal.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			errs = append(errs, fmt.Errorf("remove local address: %w", err))
-		}
-	}
-	return errors.Join(errs...)
+	return nil
 }
 
 // SetInterfaceMACs makes macs (ifindex to MAC address) the interfaces'
@@ -91,6 +84,7 @@ func (d *Datapath) SetLocalAddresses(addrs map[netip.Addr]LocalKind) error {
 // in macs are removed.
 func (d *Datapath) SetInterfaceMACs(macs map[uint32]net.HardwareAddr) error {
 	var errs []error
+	want := make(map[uint32]bpf.RatelimitRlMac, len(macs))
 	for idx, mac := range macs {
 		if len(mac) != 6 {
 			errs = append(errs, fmt.Errorf("interface %d: MAC address %v is not 6 bytes", idx, mac))
@@ -98,25 +92,47 @@ func (d *Datapath) SetInterfaceMACs(macs map[uint32]net.HardwareAddr) error {
 		}
 		var v bpf.RatelimitRlMac
 		copy(v.Addr[:], mac)
-		if err := d.objs.RlIfMac.Put(idx, v); err != nil {
-			errs = append(errs, fmt.Errorf("write interface %d's MAC address: %w", idx, err))
-		}
+		want[idx] = v
 	}
-	var idx uint32
-	var v bpf.RatelimitRlMac
-	var stale []uint32
-	it := d.objs.RlIfMac.Iterate()
-	for it.Next(&idx, &v) {
-		if _, ok := macs[idx]; !ok {
-			stale = append(stale, idx)
+	if err := syncMap(d.objs.RlIfMac, want, true); err != nil {
+		errs = append(errs, fmt.Errorf("interface MAC addresses: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+// syncMap makes m hold want: it writes the entries that are missing or
+// hold another value (the agent calls this on every reconcile, and most
+// find nothing to write), and with prune deletes those want lacks. It goes
+// on past a failed entry and returns every error.
+func syncMap[K, V comparable](m *ebpf.Map, want map[K]V, prune bool) error {
+	var (
+		errs  []error
+		k     K
+		v     V
+		have  = make(map[K]V)
+		stale []K
+	)
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		have[k] = v
+		if _, ok := want[k]; !ok && prune {
+			stale = append(stale, k)
 		}
 	}
 	if err := it.Err(); err != nil {
-		errs = append(errs, fmt.Errorf("list interface MAC addresses: %w", err))
+		errs = append(errs, fmt.Errorf("list: %w", err))
 	}
-	for _, idx := range stale {
-		if err := d.objs.RlIfMac.Delete(idx); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			errs = append(errs, fmt.Errorf("remove interface %d's MAC address: %w", idx, err))
+	for k, v := range want {
+		if cur, ok := have[k]; ok && cur == v {
+			continue
+		}
+		if err := m.Put(k, v); err != nil {
+			errs = append(errs, fmt.Errorf("write %v: %w", k, err))
+		}
+	}
+	for _, k := range stale {
+		if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = append(errs, fmt.Errorf("remove %v: %w", k, err))
 		}
 	}
 	return errors.Join(errs...)
