@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/netip"
@@ -66,15 +67,19 @@ func TestProtectEgressNeedsSocket(t *testing.T) {
 	}
 }
 
-// exchangeFrom is exchange from the local address from.
+// exchangeFrom connects from ns to dst, from the local address from (any,
+// if from is the zero AddrPort), sends 64 bytes, reads them back and
+// closes, all within timeout.
 func exchangeFrom(ns *nettest.NS, from, dst netip.AddrPort, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	var c net.Conn
 	if err := ns.Do(func() (err error) {
-		// SO_REUSEADDR: the previous connection from the same port
-		// waits in TIME_WAIT (to another remote port).
-		d := net.Dialer{Deadline: deadline, LocalAddr: net.TCPAddrFromAddrPort(from),
-			Control: func(_, _ string, rc syscall.RawConn) error {
+		d := net.Dialer{Deadline: deadline}
+		if from.IsValid() {
+			// SO_REUSEADDR: the previous connection from the same port
+			// waits in TIME_WAIT (to another remote port).
+			d.LocalAddr = net.TCPAddrFromAddrPort(from)
+			d.Control = func(_, _ string, rc syscall.RawConn) error {
 				var serr error
 				if err := rc.Control(func(fd uintptr) {
 					serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEADDR, 1)
@@ -82,7 +87,8 @@ func exchangeFrom(ns *nettest.NS, from, dst netip.AddrPort, timeout time.Duratio
 					return err
 				}
 				return serr
-			}}
+			}
+		}
 		c, err = d.DialContext(context.Background(), "tcp", dst.String())
 		return err
 	}); err != nil {
@@ -90,11 +96,16 @@ func exchangeFrom(ns *nettest.NS, from, dst netip.AddrPort, timeout time.Duratio
 	}
 	defer c.Close()
 	c.SetDeadline(deadline)
-	msg := []byte(strings.Repeat("from 22.", 8))
+	msg := []byte(strings.Repeat("protected", 8)[:64])
 	if _, err := c.Write(msg); err != nil {
 		return err
 	}
 	buf := make([]byte, len(msg))
-	_, err := io.ReadFull(c, buf)
-	return err
+	if _, err := io.ReadFull(c, buf); err != nil {
+		return err
+	}
+	if string(buf) != string(msg) {
+		return errors.New("echo differs")
+	}
+	return nil
 }

@@ -1,13 +1,10 @@
 package e2e
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/netip"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -189,29 +186,7 @@ func echoServer(t *testing.T, ns *nettest.NS, port int) {
 // exchange connects from ns to dst, sends 64 bytes, reads them back and
 // closes, all within timeout.
 func exchange(ns *nettest.NS, dst netip.AddrPort, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	var c net.Conn
-	if err := ns.Do(func() (err error) {
-		d := net.Dialer{Deadline: deadline}
-		c, err = d.DialContext(context.Background(), "tcp", dst.String())
-		return err
-	}); err != nil {
-		return err
-	}
-	defer c.Close()
-	c.SetDeadline(deadline)
-	msg := []byte(strings.Repeat("protected", 8)[:64])
-	if _, err := c.Write(msg); err != nil {
-		return err
-	}
-	buf := make([]byte, len(msg))
-	if _, err := io.ReadFull(c, buf); err != nil {
-		return err
-	}
-	if string(buf) != string(msg) {
-		return errors.New("echo differs")
-	}
-	return nil
+	return exchangeFrom(ns, netip.AddrPort{}, dst, timeout)
 }
 
 // exchanges runs n exchanges one after the other and returns how many
