@@ -51,11 +51,16 @@ type SenderConfig struct {
 	// bytes a Receiver reads (the default), at most 65507. Above the path
 	// MTU the kernel fragments each datagram.
 	Size int
+	// CatchUp is the most lag the sender makes up at once, back to back,
+	// after a stall (default 10 ms): what is due beyond it is never sent.
+	// A longer one keeps the offered rate on a busy machine, at the cost
+	// of bursts of up to CatchUp x Rate packets.
+	CatchUp time.Duration
 }
 
 // Sender sends datagrams on a connected UDP socket at a paced rate. It
-// never makes up more than 10 ms of lag at once: after a stall it resumes at
-// the paced rate, and Sent shows what was really offered.
+// never makes up more than CatchUp of lag at once: after a longer stall it
+// resumes at the paced rate, and Sent shows what was really offered.
 type Sender struct {
 	conn *net.UDPConn
 	cfg  SenderConfig
@@ -83,6 +88,9 @@ func StartSender(conn *net.UDPConn, cfg SenderConfig) (*Sender, error) {
 	}
 	if cfg.Size == 0 {
 		cfg.Size = payloadLen
+	}
+	if cfg.CatchUp <= 0 {
+		cfg.CatchUp = 10 * time.Millisecond
 	}
 	if cfg.Size < payloadLen || cfg.Size > 65507 {
 		return nil, fmt.Errorf("sender: Size %d is not in %d..65507", cfg.Size, payloadLen)
@@ -127,7 +135,7 @@ func (s *Sender) run() {
 		rate := s.Rate()
 		credit += rate * now.Sub(last).Seconds()
 		last = now
-		credit = min(credit, max(rate*0.010, 1))
+		credit = min(credit, max(rate*s.cfg.CatchUp.Seconds(), 1))
 		for ; credit >= 1 && int64(seq) < s.cfg.Count; credit-- {
 			at := time.Now()
 			putPayload(buf, seq, at)
