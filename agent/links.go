@@ -297,29 +297,40 @@ func (a *Agent) syncLinks(want []placement, prune bool) error {
 // syncLocal writes what action reject may answer (maps.SetLocalAddresses,
 // SetInterfaceMACs): the node's own addresses and its local endpoints', and
 // the MAC address of each configured uplink (the only interfaces whose
-// rejects are answered). A failure is
-// logged, not returned: with nothing written, rejects are dropped
-// unanswered (not_local), which never cuts the node off. Callers hold a.mu.
+// rejects are answered); and each local endpoint's addresses by its
+// interface, which its egress limits match and key its packets by
+// (maps.SetEndpointSources). Called before any hook is attached, so that an
+// endpoint's egress program finds its addresses. A failure is logged, not
+// returned: with nothing written, rejects are dropped unanswered
+// (not_local), which never cuts the node off, and an endpoint's packets are
+// charged as the unspecified address (counted as source mismatches).
+// Callers hold a.mu.
 func (a *Agent) syncLocal() {
 	node, eps, err := a.att.LocalAddresses()
 	if err != nil {
 		a.logOnce("local addresses", "list the node's addresses for action reject", "error", err)
 	}
 	local := make(map[netip.Addr]maps.LocalKind, len(node)+len(eps))
-	for _, ad := range eps {
-		local[ad] |= maps.LocalEndpoint
+	sources := make(map[int][]netip.Addr)
+	for _, e := range eps {
+		local[e.Addr] |= maps.LocalEndpoint
+		sources[e.Ifindex] = append(sources[e.Ifindex], e.Addr)
 	}
 	for _, ad := range node {
 		local[ad] |= maps.LocalNode
 	}
 	// A list that failed part way (an interrupted dump) adds what it has
-	// and removes nothing: a node address it missed stays protected.
-	write := a.dp.SetLocalAddresses
+	// and removes nothing: a node address it missed stays protected, an
+	// endpoint's address it missed stays its own.
+	write, writeSources := a.dp.SetLocalAddresses, a.dp.SetEndpointSources
 	if err != nil {
-		write = a.dp.AddLocalAddresses
+		write, writeSources = a.dp.AddLocalAddresses, a.dp.AddEndpointSources
 	}
 	if err := write(local); err != nil {
 		a.logOnce("local addresses write", "write the node's addresses for action reject and the protect rules", "error", err)
+	}
+	if err := writeSources(sources); err != nil {
+		a.logOnce("endpoint sources write", "write the local endpoints' addresses for their egress limits", "error", err)
 	}
 	macs := make(map[uint32]net.HardwareAddr)
 	for _, iface := range a.cfg.Interfaces {

@@ -41,6 +41,7 @@ var (
 	descFragFirst       = desc("datapath_fragments_first_total", "First fragments recorded so that their datagram's later fragments are charged to the same limits.")
 	descFragUnseen      = desc("datapath_fragments_unseen_total", "Later fragments whose first fragment was not seen (L4-unknown).")
 	descCacheBypass     = desc("datapath_key_cache_bypass_total", "Keyed checks that drew from the shared pool directly: the packet held both ways of the bucket's cache set.")
+	descSrcMismatch     = desc("datapath_endpoint_src_mismatch_total", "Packets out of a local endpoint, at the interfaces of limits with attach endpoints and direction egress, whose source was not one of the endpoint's addresses: charged as the endpoint's, and dropped with endpointSourceCheck drop.")
 	descRejectReplies   = desc("datapath_reject_replies_total", "Replies sent to packets that limits with action reject dropped, by kind: rst (TCP RST/ACK to a SYN), icmp (ICMP or ICMPv6 port unreachable to a UDP datagram).", "kind")
 	descRejectDropped   = desc("datapath_reject_unanswered_total", "Packets that limits with action reject dropped without a reply, by reason: budget (the node's rejectBudget was spent), destination_budget (the reply's destination had spent its rejectBudget.perDestination), not_local (a frame not to the receiving interface's MAC, or to an address the node neither owns nor delivers), unanswerable (not a TCP SYN or UDP datagram, a bad checksum, a SYN with payload, a fragment, IP options or IPv6 extension headers, a broadcast, multicast or non-unicast address, or at an endpoint's interface).", "reason")
 	descPoolFull        = desc("datapath_pool_full_total", "New keys that found no room in the bucket map and were passed unlimited.")
@@ -122,7 +123,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descAdmittedPackets, descAdmittedBytes, descDroppedPackets, descDroppedBytes,
 		descShadowPackets, descShadowBytes, descPacedPackets, descPacedDelay, descPacedDelayMax, descHorizonDrops, descShare, descShareBurst, descGlobalRate, descReplicas, descAge, descStale,
 		descKeys, descNewKeys, descEvictions, descLimitState, descMatchOverflow, descPoolFull, descLeaseContended,
-		descFailClosed, descL4Unknown, descProtected, descFragFirst, descFragUnseen, descCacheBypass,
+		descFailClosed, descL4Unknown, descProtected, descFragFirst, descFragUnseen, descCacheBypass, descSrcMismatch,
 		descRejectReplies, descRejectDropped} {
 		ch <- d
 	}
@@ -183,6 +184,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(descFragFirst, g.FragFirst)
 	counter(descFragUnseen, g.FragUnseen)
 	counter(descCacheBypass, g.CacheBypass)
+	counter(descSrcMismatch, g.EndpointSrcMismatch)
 	counter(descRejectReplies, g.RejectRST, "rst")
 	counter(descRejectReplies, g.RejectICMP, "icmp")
 	counter(descRejectDropped, g.RejectBudget, "budget")

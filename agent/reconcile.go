@@ -118,6 +118,13 @@ func (a *Agent) reconcile() error {
 			errs = append(errs, fmt.Errorf("rejectBudget: %w", err))
 		}
 	}
+	check := maps.SourceCount
+	if a.cfg.EndpointSourceCheck == v1alpha1.SourceCheckDrop {
+		check = maps.SourceDrop
+	}
+	if err := a.dp.SetSourceCheck(check); err != nil {
+		errs = append(errs, fmt.Errorf("endpointSourceCheck: %w", err))
+	}
 	// What is no longer desired goes first, entry and metadata, whether it
 	// was applied or only reported: it leaves nothing behind, and its room
 	// is free for the limits below.

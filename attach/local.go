@@ -10,11 +10,11 @@ import (
 )
 
 // LocalAddresses lists the addresses of the caller's network namespace's
-// interfaces (the node's own), and the endpoints' addresses the node
-// delivers: the local pods' addresses that FindEndpointsIn finds behind an
-// interface of their own. It reads only. Adding or removing an address
+// interfaces (the node's own), and the endpoints the node delivers to: the
+// local pods' addresses that FindEndpointsIn finds behind an interface of
+// their own, each with its interface. It reads only. Adding or removing an address
 // also changes the local routing table, whose events Watch reports.
-func (a *Attacher) LocalAddresses() (node, endpoints []netip.Addr, err error) {
+func (a *Attacher) LocalAddresses() (node []netip.Addr, endpoints []Endpoint, err error) {
 	nl, err := netlink.NewHandle(unix.NETLINK_ROUTE)
 	if err != nil {
 		return nil, nil, fmt.Errorf("list local addresses: netlink: %w", err)
@@ -38,7 +38,7 @@ func (a *Attacher) LocalAddresses() (node, endpoints []netip.Addr, err error) {
 	}
 	for _, e := range eps {
 		if e.Iface != "" {
-			endpoints = append(endpoints, e.Addr)
+			endpoints = append(endpoints, e)
 		}
 	}
 	return node, endpoints, nil

@@ -71,7 +71,8 @@ func hookDatapath(tb testing.TB) *maps.Datapath {
 var shared *maps.Datapath
 
 // sharedDatapath empties shared as a new one would be: no limits (deleting
-// one drops its buckets and counters), no protect rules, an empty fragment
+// one drops its buckets and counters), no protect rules, no local or
+// endpoint addresses, endpointSourceCheck count, an empty fragment
 // table, no tombstones, the clock at 1 s. The global counters go on counting: the tests
 // read them as differences (globals, minus).
 func sharedDatapath(tb testing.TB) *maps.Datapath {
@@ -92,7 +93,8 @@ func sharedDatapath(tb testing.TB) *maps.Datapath {
 	if err := shared.SetProtected(nil); err != nil {
 		tb.Fatalf("empty the shared data path: %v", err)
 	}
-	if err := errors.Join(shared.SetLocalAddresses(nil), shared.SetInterfaceMACs(nil)); err != nil {
+	if err := errors.Join(shared.SetLocalAddresses(nil), shared.SetInterfaceMACs(nil),
+		shared.SetEndpointSources(nil), shared.SetSourceCheck(maps.SourceCount)); err != nil {
 		tb.Fatalf("empty the shared data path: %v", err)
 	}
 	clearMap(tb, fragTable(tb, shared))

@@ -90,6 +90,7 @@ const struct rl_global_stats *_rl_global_stats __attribute__((unused));
 const enum rl_meta_state *_rl_meta_state __attribute__((unused));
 const struct rl_reject_budget *_rl_reject_budget __attribute__((unused));
 const enum rl_local_flag *_rl_local_flag __attribute__((unused));
+const enum rl_ep_src_check *_rl_ep_src_check __attribute__((unused));
 
 enum {
 	MATCH_ADMIT = 0,	/* has the tokens; draws them if the packet passes */
@@ -169,6 +170,7 @@ enum rl_global_field {
 	G_REJECT_UNANSWERED,
 	G_REJECT_DEST_BUDGET,
 	G_REJECT_NOT_LOCAL,
+	G_ENDPOINT_SRC_MISMATCH,
 };
 
 static __always_inline void rl_global_count(enum rl_global_field f)
@@ -194,6 +196,7 @@ static __always_inline void rl_global_count(enum rl_global_field f)
 	case G_REJECT_UNANSWERED: g->reject_unanswered++; break;
 	case G_REJECT_DEST_BUDGET: g->reject_dest_budget++; break;
 	case G_REJECT_NOT_LOCAL: g->reject_not_local++; break;
+	case G_ENDPOINT_SRC_MISMATCH: g->endpoint_src_mismatch++; break;
 	}
 }
 
@@ -1422,6 +1425,77 @@ unanswered:
 	return TC_ACT_SHOT;
 }
 
+/* Whether an IPv6 source is link-local (fe80::/10) or unspecified (::):
+ * what neighbour discovery and duplicate address detection send from, and
+ * what the node never forwards. */
+static __always_inline bool rl_src6_onlink(const __u32 *a)
+{
+	if ((a[0] & bpf_htonl(0xffc00000)) == bpf_htonl(0xfe800000))
+		return true;
+	return (a[0] | a[1] | a[2] | a[3]) == 0;
+}
+
+/* At an endpoint's egress (the TC ingress of its host-side interface),
+ * the packet's source as the limits see it is the endpoint's own address,
+ * whatever the pod wrote: a pod that can write raw packets (CAP_NET_RAW)
+ * must neither leave its limits by forging its source nor draw on a
+ * neighbour's by forging the neighbour's. A source that is one of the
+ * addresses behind this interface (rl_ep_src) stays. Any other is replaced
+ * by the interface's lowest address of its family (all zero if it has
+ * none), counted (endpoint_src_mismatch), and with ep_src_check drop,
+ * dropped. IPv6 link-local and unspecified sources (neighbour discovery;
+ * the node never forwards them) are replaced but neither counted nor
+ * dropped. An interface the agent wrote nothing for (no entry of family 0)
+ * is not checked: the agent writes an endpoint's addresses before it
+ * attaches to the endpoint's interface. Returns false to drop the packet. */
+static __always_inline bool rl_endpoint_source(const struct __sk_buff *skb, struct pkt *p)
+{
+	struct rl_ep_key k = { .ifindex = skb->ifindex, .family = p->family };
+	struct rl_ep_addr *own;
+	struct rl_config *cfg;
+	__u32 zero = 0;
+	bool onlink;
+
+	if (p->family != 4 && p->family != 6)
+		return true;	/* the IP header was not reached: no source to check */
+	/* As rl_local_key: IPv4 in a[3] alone (the parser keeps it mapped,
+	 * ::ffff:a.b.c.d). An all-zero address is the key of the interface's
+	 * entry of the family, never one of its addresses. */
+	if (p->family == 4) {
+		k.a[3] = p->src[3];
+	} else {
+		k.a[0] = p->src[0];
+		k.a[1] = p->src[1];
+		k.a[2] = p->src[2];
+		k.a[3] = p->src[3];
+	}
+	if ((k.a[0] | k.a[1] | k.a[2] | k.a[3]) && bpf_map_lookup_elem(&rl_ep_src, &k))
+		return true;
+	onlink = p->family == 6 && rl_src6_onlink(p->src);
+	__builtin_memset(k.a, 0, sizeof(k.a));
+	own = bpf_map_lookup_elem(&rl_ep_src, &k);
+	if (own) {
+		__builtin_memcpy(k.a, own->a, sizeof(k.a));
+	} else {
+		k.family = 0;
+		if (!bpf_map_lookup_elem(&rl_ep_src, &k))
+			return true;	/* not an endpoint's interface the agent knows */
+	}
+	if (p->family == 4) {
+		p->src[3] = k.a[3];
+	} else {
+		p->src[0] = k.a[0];
+		p->src[1] = k.a[1];
+		p->src[2] = k.a[2];
+		p->src[3] = k.a[3];
+	}
+	if (onlink)
+		return true;
+	rl_global_count(G_ENDPOINT_SRC_MISMATCH);
+	cfg = bpf_map_lookup_elem(&rl_cfg, &zero);
+	return !cfg || cfg->ep_src_check != RL_EP_SRC_DROP;
+}
+
 /* The TC programs: one per hook, the hook a constant so that the verifier
  * keeps one hook's path. The same skb program works under tcx and as a
  * clsact direct-action filter. */
@@ -1436,6 +1510,8 @@ static __always_inline int rl_tc(struct __sk_buff *skb, __u32 hook)
 	rl_skb_wire(skb, &p);
 	if (hook == RL_HOOK_UPLINK_OUT)
 		p.sk = skb->sk != NULL;
+	if (hook == RL_HOOK_ENDPOINT_OUT && !rl_endpoint_source(skb, &p))
+		return TC_ACT_SHOT;
 	switch (rl_decide(&p, hook, &depart)) {
 	case RL_PASS:
 		break;

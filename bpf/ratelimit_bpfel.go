@@ -67,7 +67,7 @@ type RatelimitRlConfig struct {
 	ProtectRules    uint32
 	ProtectPortless uint32
 	ProtectPeers    uint32
-	Pad2            uint32
+	EpSrcCheck      uint32
 	Seed            [2]uint64
 }
 
@@ -87,6 +87,7 @@ const (
 	RatelimitRlConstRL_MAX_PROTECT       RatelimitRlConst = 32
 	RatelimitRlConstRL_MAX_LOCAL         RatelimitRlConst = 16384
 	RatelimitRlConstRL_MAX_IFACES        RatelimitRlConst = 1024
+	RatelimitRlConstRL_MAX_EP_SRC        RatelimitRlConst = 16384
 	RatelimitRlConstRL_PROTECT_SIDE      RatelimitRlConst = 131072
 	RatelimitRlConstRL_MAX_HORIZON_NS    RatelimitRlConst = 4000000000
 	RatelimitRlConstRL_HEAD4BITS         RatelimitRlConst = 16
@@ -118,6 +119,25 @@ const (
 	RatelimitRlDirectionRL_DIRECTIONS  RatelimitRlDirection = 2
 )
 
+type RatelimitRlEpAddr struct {
+	_ structs.HostLayout
+	A [4]uint32
+}
+
+type RatelimitRlEpKey struct {
+	_       structs.HostLayout
+	Ifindex uint32
+	Family  uint32
+	A       [4]uint32
+}
+
+type RatelimitRlEpSrcCheck uint32
+
+const (
+	RatelimitRlEpSrcCheckRL_EP_SRC_COUNT RatelimitRlEpSrcCheck = 0
+	RatelimitRlEpSrcCheckRL_EP_SRC_DROP  RatelimitRlEpSrcCheck = 1
+)
+
 type RatelimitRlFragInfo struct {
 	_         structs.HostLayout
 	SeenNs    uint64
@@ -142,22 +162,23 @@ type RatelimitRlFragKey struct {
 }
 
 type RatelimitRlGlobalStats struct {
-	_                structs.HostLayout
-	MatchOverflow    uint64
-	LeaseContended   uint64
-	PoolFull         uint64
-	L4Unknown        uint64
-	FailClosed       uint64
-	ProtectedPackets uint64
-	FragFirst        uint64
-	FragUnseen       uint64
-	CacheBypass      uint64
-	RejectRst        uint64
-	RejectIcmp       uint64
-	RejectBudget     uint64
-	RejectUnanswered uint64
-	RejectDestBudget uint64
-	RejectNotLocal   uint64
+	_                   structs.HostLayout
+	MatchOverflow       uint64
+	LeaseContended      uint64
+	PoolFull            uint64
+	L4Unknown           uint64
+	FailClosed          uint64
+	ProtectedPackets    uint64
+	FragFirst           uint64
+	FragUnseen          uint64
+	CacheBypass         uint64
+	RejectRst           uint64
+	RejectIcmp          uint64
+	RejectBudget        uint64
+	RejectUnanswered    uint64
+	RejectDestBudget    uint64
+	RejectNotLocal      uint64
+	EndpointSrcMismatch uint64
 }
 
 type RatelimitRlHead4 struct {
@@ -389,6 +410,7 @@ const (
 	RatelimitMapRlDst4          = "rl_dst4"
 	RatelimitMapRlDst4Head      = "rl_dst4_head"
 	RatelimitMapRlDst6          = "rl_dst6"
+	RatelimitMapRlEpSrc         = "rl_ep_src"
 	RatelimitMapRlFrags         = "rl_frags"
 	RatelimitMapRlGlobal        = "rl_global"
 	RatelimitMapRlIfMac         = "rl_if_mac"
@@ -423,6 +445,7 @@ const (
 	RatelimitVarRlClockKind     = "_rl_clock_kind"
 	RatelimitVarRlConst         = "_rl_const"
 	RatelimitVarRlDirection     = "_rl_direction"
+	RatelimitVarRlEpSrcCheck    = "_rl_ep_src_check"
 	RatelimitVarRlGlobalStats   = "_rl_global_stats"
 	RatelimitVarRlHook          = "_rl_hook"
 	RatelimitVarRlKeyKind       = "_rl_key_kind"
@@ -498,6 +521,7 @@ type RatelimitMapSpecs struct {
 	RlDst4         *ebpf.MapSpec `ebpf:"rl_dst4"`
 	RlDst4Head     *ebpf.MapSpec `ebpf:"rl_dst4_head"`
 	RlDst6         *ebpf.MapSpec `ebpf:"rl_dst6"`
+	RlEpSrc        *ebpf.MapSpec `ebpf:"rl_ep_src"`
 	RlFrags        *ebpf.MapSpec `ebpf:"rl_frags"`
 	RlGlobal       *ebpf.MapSpec `ebpf:"rl_global"`
 	RlIfMac        *ebpf.MapSpec `ebpf:"rl_if_mac"`
@@ -532,6 +556,7 @@ type RatelimitVariableSpecs struct {
 	RlClockKind     *ebpf.VariableSpec `ebpf:"_rl_clock_kind"`
 	RlConst         *ebpf.VariableSpec `ebpf:"_rl_const"`
 	RlDirection     *ebpf.VariableSpec `ebpf:"_rl_direction"`
+	RlEpSrcCheck    *ebpf.VariableSpec `ebpf:"_rl_ep_src_check"`
 	RlGlobalStats   *ebpf.VariableSpec `ebpf:"_rl_global_stats"`
 	RlHook          *ebpf.VariableSpec `ebpf:"_rl_hook"`
 	RlKeyKind       *ebpf.VariableSpec `ebpf:"_rl_key_kind"`
@@ -573,6 +598,7 @@ type RatelimitMaps struct {
 	RlDst4         *ebpf.Map `ebpf:"rl_dst4"`
 	RlDst4Head     *ebpf.Map `ebpf:"rl_dst4_head"`
 	RlDst6         *ebpf.Map `ebpf:"rl_dst6"`
+	RlEpSrc        *ebpf.Map `ebpf:"rl_ep_src"`
 	RlFrags        *ebpf.Map `ebpf:"rl_frags"`
 	RlGlobal       *ebpf.Map `ebpf:"rl_global"`
 	RlIfMac        *ebpf.Map `ebpf:"rl_if_mac"`
@@ -605,6 +631,7 @@ func (m *RatelimitMaps) Close() error {
 		m.RlDst4,
 		m.RlDst4Head,
 		m.RlDst6,
+		m.RlEpSrc,
 		m.RlFrags,
 		m.RlGlobal,
 		m.RlIfMac,
@@ -640,6 +667,7 @@ type RatelimitVariables struct {
 	RlClockKind     *ebpf.Variable `ebpf:"_rl_clock_kind"`
 	RlConst         *ebpf.Variable `ebpf:"_rl_const"`
 	RlDirection     *ebpf.Variable `ebpf:"_rl_direction"`
+	RlEpSrcCheck    *ebpf.Variable `ebpf:"_rl_ep_src_check"`
 	RlGlobalStats   *ebpf.Variable `ebpf:"_rl_global_stats"`
 	RlHook          *ebpf.Variable `ebpf:"_rl_hook"`
 	RlKeyKind       *ebpf.Variable `ebpf:"_rl_key_kind"`

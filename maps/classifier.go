@@ -158,6 +158,7 @@ func buildClassifier(limits map[uint32]*installed, prev *bpf.RatelimitRlConfig, 
 	if prev != nil {
 		c.cfg.Seed = prev.Seed
 		c.cfg.ProtectRules, c.cfg.ProtectPortless, c.cfg.ProtectPeers = prev.ProtectRules, prev.ProtectPortless, prev.ProtectPeers
+		c.cfg.EpSrcCheck = prev.EpSrcCheck
 	}
 	c.cfg.LastGen = lastGen
 	for id, in := range limits {

@@ -107,6 +107,12 @@ type GlobalStats struct {
 	// was not to the receiving interface's MAC or the packet not to an
 	// address the node owns or delivers (SetLocalAddresses).
 	RejectNotLocal uint64 `json:"rejectNotLocal"`
+	// EndpointSrcMismatch counts packets out of a local endpoint (at its
+	// interface's egress limits) whose source was not one of the
+	// endpoint's addresses: charged as the endpoint's, and dropped with
+	// SourceDrop (SetSourceCheck). IPv6 link-local and unspecified
+	// sources are not counted.
+	EndpointSrcMismatch uint64 `json:"endpointSrcMismatch"`
 }
 
 // GlobalStats reads the counters that belong to no limit.
@@ -132,6 +138,7 @@ func (d *Datapath) GlobalStats() (GlobalStats, error) {
 		g.RejectUnanswered += c.RejectUnanswered
 		g.RejectDestBudget += c.RejectDestBudget
 		g.RejectNotLocal += c.RejectNotLocal
+		g.EndpointSrcMismatch += c.EndpointSrcMismatch
 	}
 	return g, nil
 }

@@ -98,6 +98,9 @@ func (c *Config) Default() {
 	if c.EndpointHook == "" {
 		c.EndpointHook = EndpointHookHost
 	}
+	if c.EndpointSourceCheck == "" {
+		c.EndpointSourceCheck = SourceCheckCount
+	}
 	c.DemandShares.Default()
 	c.RejectBudget.Default()
 	if c.ProtectAPIServer == nil {

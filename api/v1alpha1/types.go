@@ -77,6 +77,18 @@ type Config struct {
 	// (Optional) host | pod; default host.
 	EndpointHook EndpointHook `json:"endpointHook,omitempty"`
 
+	// EndpointSourceCheck is what the limits with attach endpoints and
+	// direction egress do with a packet whose source is not one of its
+	// endpoint's addresses (a pod that writes raw packets can put any
+	// source in them). Such a packet is always charged to the limits as
+	// the endpoint's, not as the address it names, and counted
+	// (rlagent_datapath_endpoint_src_mismatch_total). count lets it pass:
+	// NAT, VPN and egress-gateway pods send from other addresses by
+	// design. drop drops it (IPv6 link-local and unspecified sources,
+	// which neighbour discovery needs, pass).
+	// (Optional) count | drop; default count.
+	EndpointSourceCheck SourceCheck `json:"endpointSourceCheck,omitempty"`
+
 	// DemandShares tunes the limits with share demand, in a cluster.
 	// (Optional) See DemandShares.
 	DemandShares DemandShares `json:"demandShares,omitzero"`
@@ -183,6 +195,15 @@ type EndpointHook string
 const (
 	EndpointHookHost EndpointHook = "host"
 	EndpointHookPod  EndpointHook = "pod"
+)
+
+// SourceCheck is what an endpoint's egress does with a packet from an
+// address that is not the endpoint's.
+type SourceCheck string
+
+const (
+	SourceCheckCount SourceCheck = "count"
+	SourceCheckDrop  SourceCheck = "drop"
 )
 
 // XDPFallback is what to do when another program holds the XDP hook.
@@ -535,6 +556,7 @@ var (
 	Shares     = []Share{ShareEqual, ShareDemand}
 	Fallbacks  = []XDPFallback{XDPFallbackNone, XDPFallbackTC}
 	Hooks      = []EndpointHook{EndpointHookHost, EndpointHookPod}
+	Checks     = []SourceCheck{SourceCheckCount, SourceCheckDrop}
 	Scopes     = []Scope{ScopeStatic, ScopeNodes, ScopeService}
 	Actions    = []Action{ActionDrop, ActionShadow, ActionPace, ActionReject}
 	Directions = []Direction{DirectionIngress, DirectionEgress}

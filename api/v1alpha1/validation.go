@@ -62,6 +62,11 @@ func (c *Config) Validate() error {
 	default:
 		el.add("endpointHook", "%s", notOneOf(c.EndpointHook, Hooks))
 	}
+	switch c.EndpointSourceCheck {
+	case SourceCheckCount, SourceCheckDrop:
+	default:
+		el.add("endpointSourceCheck", "%s", notOneOf(c.EndpointSourceCheck, Checks))
+	}
 	switch {
 	case c.Count.Static != nil && c.Count.File != "":
 		el.add("count", "set one of static, file, not both")

@@ -267,6 +267,8 @@ func TestValidateRules(t *testing.T) {
 			"xdpFallback", []string{`"generic" is not one of none, tc`}},
 		{"endpoint hook unknown", func(c *Config) { c.EndpointHook = "peer" },
 			"endpointHook", []string{`"peer" is not one of host, pod`}},
+		{"endpoint source check unknown", func(c *Config) { c.EndpointSourceCheck = "reject" },
+			"endpointSourceCheck", []string{`"reject" is not one of count, drop`}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

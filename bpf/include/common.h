@@ -30,6 +30,7 @@ enum rl_const {
 	RL_MAX_PROTECT = 32,	/* protect rules: one bit each in a __u32 */
 	RL_MAX_LOCAL = 16384,	/* rl_local: the node's and its endpoints' addresses */
 	RL_MAX_IFACES = 1024,	/* rl_if_mac: interfaces the agent attached to */
+	RL_MAX_EP_SRC = 16384,	/* rl_ep_src: the local endpoints' addresses, by interface */
 	RL_PROTECT_SIDE = 2 * 65536, /* rl_protect_ports: local ports, then remote ports */
 	RL_MAX_HORIZON_NS = 4000000000U, /* a paced limit's horizon: at most 4 s (fits rl_limit.horizon_ns) */
 	RL_HEAD4_BITS = 16,
@@ -200,7 +201,9 @@ struct rl_config {
 	__u32 protect_rules;	/* rules in use; 0: nothing is protected */
 	__u32 protect_portless;	/* rules that name no port */
 	__u32 protect_peers;	/* rules restricted to peer prefixes */
-	__u32 pad2;
+	/* At an endpoint's egress, a packet from an address that is not the
+	 * endpoint's (enum rl_ep_src_check; rl_endpoint_source). */
+	__u32 ep_src_check;
 	/* Key of the keyed buckets' hash: random, kept with the pins so that a
 	 * restarted agent's program finds the same cache sets and tombstones. */
 	__u64 seed[2];
@@ -217,6 +220,30 @@ enum rl_local_flag {
  * zero. */
 struct rl_local_key {
 	__u32 family;		/* 4 or 6 */
+	__u32 a[4];
+};
+
+/* What an endpoint's egress does with a packet whose source is not one of
+ * the endpoint's addresses (rl_config.ep_src_check). Either way it is
+ * counted, and charged as the endpoint's. */
+enum rl_ep_src_check {
+	RL_EP_SRC_COUNT = 0,
+	RL_EP_SRC_DROP = 1,
+};
+
+/* A key of rl_ep_src: an address of the endpoint behind interface ifindex
+ * (IPv4 in a[3], as the parser keeps it); with a all zero, the entry that
+ * names the address of the family its other packets are charged as; with
+ * family 0 too, the entry that says the interface is an endpoint's. */
+struct rl_ep_key {
+	__u32 ifindex;
+	__u32 family;		/* 4 or 6; 0: the interface's entry */
+	__u32 a[4];
+};
+
+/* A value of rl_ep_src: an address of the endpoint's, as rl_ep_key holds
+ * one. */
+struct rl_ep_addr {
 	__u32 a[4];
 };
 
@@ -370,6 +397,7 @@ struct rl_global_stats {
 	__u64 reject_unanswered; /* action reject: dropped unanswered, the packet may not be answered there */
 	__u64 reject_dest_budget; /* action reject: dropped unanswered, the reply's destination had its replies */
 	__u64 reject_not_local;	/* action reject: dropped unanswered, not to this interface's MAC or not to an address of the node's */
+	__u64 endpoint_src_mismatch; /* endpoint egress: from an address that is not the endpoint's (rl_endpoint_source) */
 };
 
 /* The node's budget of replies to rejected packets (reject.h). Written by

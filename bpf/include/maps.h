@@ -52,6 +52,20 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } rl_if_mac SEC(".maps");
 
+/* struct rl_ep_key -> struct rl_ep_addr: the addresses of the local
+ * endpoint behind each interface that tc_endpoint_out runs on, and per
+ * interface and family the one its packets from other addresses are
+ * charged as (rl_endpoint_source). Written by the agent from the same
+ * routes and neighbour entries that place the endpoints' limits. HASH: a
+ * few entries per endpoint. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, RL_MAX_EP_SRC);
+	__type(key, struct rl_ep_key);
+	__type(value, struct rl_ep_addr);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} rl_ep_src SEC(".maps");
+
 /* limit id -> struct rl_limit. ARRAY: inlined lookup, ids are dense. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);

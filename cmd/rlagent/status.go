@@ -154,8 +154,8 @@ func printGlobal(w io.Writer, g maps.GlobalStats) {
 	fmt.Fprintf(w, "data path: l4-unknown %d, fragments %d first / %d unseen, protected %d, "+
 		"match overflow %d (fail closed %d), pool full %d, lease contended %d, key cache bypass %d, "+
 		"rejects answered %d rst / %d icmp, unanswered %d over budget / %d over a destination's budget / "+
-		"%d not local / %d unanswerable\n",
+		"%d not local / %d unanswerable, endpoint source mismatch %d\n",
 		g.L4Unknown, g.FragFirst, g.FragUnseen, g.Protected, g.MatchOverflow, g.FailClosed,
 		g.PoolFull, g.LeaseContended, g.CacheBypass, g.RejectRST, g.RejectICMP, g.RejectBudget, g.RejectDestBudget,
-		g.RejectNotLocal, g.RejectUnanswered)
+		g.RejectNotLocal, g.RejectUnanswered, g.EndpointSrcMismatch)
 }
