@@ -16,10 +16,12 @@
 // (watchHealth dates the observations from them).
 //
 // In a cluster the RateLimits' status has one writer: StatusWriter, on the
-// agent that holds a Lease (about eight agents stand, whatever the
-// cluster's size). Every agent's Reporter says what it could not apply as
-// Events on the RateLimit, which the writer reflects in the Accepted
-// condition.
+// agent that holds the Lease rlagent-status, which also allocates the
+// demand shares. Every agent writes its own Lease, rlagent-demand-NODE
+// (DemandPublisher): its demands and its verdicts on each limit (Reporter),
+// which the writer reads into the allocation and the Accepted condition.
+// Events are output only: the writer records them for people; nothing
+// reads them back.
 //
 // APIServer is not a count source: it follows the addresses and ports the
 // agent's own API server connection carries (the endpoints of the Service

@@ -11,7 +11,7 @@ func NewStatic(n int) *Static { return &Static{n: n} }
 // Run returns when ctx ends: a static count never changes.
 func (s *Static) Run(ctx context.Context, _ func()) { <-ctx.Done() }
 
-// Observe reports n, confirmed now: a static count does not age.
+// Observe reports n, with no time: a static count never ages (Age is 0).
 func (s *Static) Observe(string) Observation {
 	return Observation{Replicas: s.n, Local: s.n}
 }

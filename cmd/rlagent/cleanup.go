@@ -13,7 +13,7 @@ func newCleanupCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "cleanup",
 		Short: "Detach the data path and remove its pins",
-		Long: `cleanup detaches every XDP link pinned by rlagent and removes the pinned maps. Traffic
+		Long: `cleanup detaches every XDP and TC link pinned by rlagent and removes the pinned maps. Traffic
 then passes unlimited. Stop the agent first, or it keeps its own copies attached until it exits.`,
 		Example: `  rlagent cleanup
   rlagent cleanup --pin-dir /sys/fs/bpf/rlagent`,

@@ -1,6 +1,6 @@
 // Command rlagent is the rlagent node agent and its command-line tools.
 //
-// rlagent enforces global rate limits at the node's share, in XDP:
+// rlagent enforces global rate limits at the node's share, in XDP and TC:
 // Watch (the replica count) -> Divide (the global limit by it) -> Enforce
 // (per-key token buckets in per-CPU BPF maps).
 package main
@@ -37,10 +37,11 @@ func (e exitCode) Error() string { return fmt.Sprintf("exit %d", int(e)) }
 func newRoot() *cobra.Command {
 	root := &cobra.Command{
 		Use:   "rlagent",
-		Short: "Global rate limits enforced in XDP at each node's share",
+		Short: "Global rate limits enforced in XDP and TC at each node's share",
 		Long: `rlagent enforces global rate limits without a shared counter on the packet path.
 It watches the replica count behind each limit, divides the global rate by it, and
-enforces the node's share with per-key token buckets in per-CPU BPF maps, in XDP.
+enforces the node's share with per-key token buckets in per-CPU BPF maps: in XDP on
+the uplinks' ingress, in TC on their egress and at each local endpoint's interface.
 When the count changes, it rewrites the refill rates while packets keep flowing.`,
 		Example: `  rlagent run --config /etc/rlagent/rlagent.yaml
   rlagent validate --config rlagent.yaml

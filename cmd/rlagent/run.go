@@ -26,15 +26,18 @@ func newRunCmd() *cobra.Command {
 		Use:   "run",
 		Short: "Run the node agent: attach the data path and keep the shares current",
 		Long: `run loads the data path, attaches it to the configured interfaces in XDP (native mode,
-falling back to generic), pins its maps and links under the pin directory, and keeps each
-limit's node share current as the replica count and the config file change.
+falling back to generic; TC ingress with xdpFallback tc), to their TC egress for egress
+limits and to each local endpoint's interface (TC) for limits with attach endpoints, pins
+its maps and links under the pin directory, and keeps each limit's node share current as
+the replica count and the config file change.
 
 In a cluster (--kubeconfig, or in a pod), the limits are the RateLimit objects, the nodes
 scope divides by the ready agents (status.numberReady of the DaemonSet --agent-daemonset in
 --agent-namespace) and the service scope by the ready endpoints of the Service, weighted by
 those on this node (--node-name). The config file then holds no limits. One agent, elected
 with the Lease rlagent-status in --agent-namespace, writes the RateLimits' status; every
-agent reports what it could not apply as Events on the RateLimits.
+agent reports what it could not apply in its own Lease (rlagent-demand-NODE), which the
+writer reflects in each RateLimit's Accepted condition.
 
 On SIGTERM, SIGINT or SIGKILL the agent exits and the pinned data path keeps enforcing
 the last shares. The next "rlagent run" adopts the pins without detaching. "rlagent
