@@ -15,6 +15,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -472,7 +473,8 @@ func (w *StatusWriter) lead(ctx context.Context) {
 		err := w.sync(rctx, queue, leases, name)
 		cancel()
 		if err != nil {
-			w.log.Debug("RateLimit status not written; retrying", "limit", name, "error", err)
+			n := queue.NumRequeues(name)
+			w.log.Log(ctx, writeFailedLevel(err, n), "RateLimit status not written; retrying", "limit", name, "error", err, "retries", n)
 			queue.AddRateLimited(name)
 		} else {
 			queue.Forget(name)
@@ -482,6 +484,18 @@ func (w *StatusWriter) lead(ctx context.Context) {
 }
 
 const byLimit = "limit"
+
+// writeFailedLevel is the level a failed status write is logged at, after
+// retries earlier attempts for the same RateLimit: a conflict is optimistic
+// concurrency at work (the object moved since the informer saw it; the
+// retry reads it again), Debug; anything else, or a conflict that keeps
+// coming, is for an operator to see, Warn.
+func writeFailedLevel(err error, retries int) slog.Level {
+	if apierrors.IsConflict(err) && retries < 3 {
+		return slog.LevelDebug
+	}
+	return slog.LevelWarn
+}
 
 // sync writes one RateLimit's status if it is not what the writer sees.
 func (w *StatusWriter) sync(ctx context.Context, queue workqueue.TypedRateLimitingInterface[string],
