@@ -5,17 +5,18 @@ import (
 	"net/netip"
 
 	"github.com/rlagent/rlagent/api/v1alpha1"
+	"github.com/rlagent/rlagent/divide"
 	"github.com/rlagent/rlagent/maps"
 )
 
 // toMapsLimit turns a spec and this node's share (already fitted to the
-// data path's range, see Share.fit) into the data path's limit.
+// data path's range, see fit) into the data path's limit.
 //
 // Defaults live in one place, RateLimitSpec.Default: the spec is defaulted
 // here (a copy; Default is idempotent), so a field left empty means what
 // docs/config.md says, and every value the data path does not know is an
 // error, never a silent fallback (an unknown protocol is not "any").
-func toMapsLimit(in *v1alpha1.RateLimitSpec, share Share) (maps.Limit, error) {
+func toMapsLimit(in *v1alpha1.RateLimitSpec, share divide.Share) (maps.Limit, error) {
 	spec := in.DeepCopy()
 	spec.Default()
 	l := maps.Limit{Rate: share.Rate, Burst: share.Burst}

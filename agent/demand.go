@@ -56,7 +56,7 @@ func (a *Agent) stepDemand(now time.Time) bool {
 		}
 		seen[l.Name] = true
 		obs := a.observe(&l)
-		equal := divide(l.Rate, l.EffectiveBurst(), l.Scope == v1alpha1.ScopeService, obs).Rate
+		equal := equalShare(&l.RateLimitSpec, obs).Rate
 		alloc := a.k8s.Allocation(l.Name)
 		st := a.demand[l.Name]
 		if st == nil {
@@ -131,24 +131,6 @@ func (a *Agent) demandRefused(name string) string {
 		return st.refused
 	}
 	return ""
-}
-
-// demandShare is a demand-shared limit's share at this node, in place of
-// the equal one: its rate, and the burst scaled with it (at least 1).
-func (a *Agent) demandShare(l *v1alpha1.Limit, s Share) Share {
-	st := a.demand[l.Name]
-	if l.Share != v1alpha1.ShareDemand || st == nil {
-		return s
-	}
-	rate := st.node.Now()
-	burst := uint64(1)
-	if l.Rate > 0 {
-		// rate x burst / global rate, without overflow: burst is at most
-		// 3600 s of the rate, and rate at most MaxNodeRate.
-		burst = max(uint64(float64(l.EffectiveBurst())*float64(rate)/float64(l.Rate)), 1)
-	}
-	s.Rate, s.Burst, s.Warning = max(rate, 1), burst, ""
-	return s
 }
 
 // observeDemand feeds a limit's counters (what was offered to it, in its

@@ -2,7 +2,11 @@
 // limits and the observed replica counts into the data path's maps.
 //
 // Desired state is limits x counts -> shares -> map entries (Divide). The
-// reconciler is idempotent and writes only what changed. A new config file
+// reconcile gathers what it decides from (the limits, their counts, this
+// node's endpoints, the demand shares, the ids given out), plans from that
+// data alone (plan: pure, no lock, no I/O, tested as tables without root)
+// and applies the plan to the data path. It is idempotent and writes only
+// what changed. A new config file
 // is validated whole before any of it is applied; an invalid one is
 // rejected and the previous limits keep being enforced. Within a valid
 // config each limit is installed alone: one that does not fit the data path

@@ -15,6 +15,7 @@ import (
 
 	"github.com/rlagent/rlagent/api/v1alpha1"
 	"github.com/rlagent/rlagent/attach"
+	"github.com/rlagent/rlagent/divide"
 	"github.com/rlagent/rlagent/internal/testenv"
 	"github.com/rlagent/rlagent/maps"
 )
@@ -514,7 +515,7 @@ func TestStatusShowsRejectedFromPins(t *testing.T) {
 // set nor defaulted is an error, never a silent "any" (the code before
 // turned an unknown protocol into a match of every protocol).
 func TestToMapsLimitDefaultsInOnePlace(t *testing.T) {
-	share := Share{Rate: 100, Burst: 10}
+	share := divide.Share{Rate: 100, Burst: 10}
 	for _, spec := range []v1alpha1.RateLimitSpec{
 		{Rate: 100},
 		{Rate: 100, Key: v1alpha1.KeySrcPrefix},
@@ -557,11 +558,11 @@ func TestToMapsLimitDefaultsInOnePlace(t *testing.T) {
 
 // A clamped share is clamped at the data path's maximum, burst included.
 func TestShareFit(t *testing.T) {
-	s, note := Share{Rate: maps.MaxRate + 1, Burst: maps.MaxBurstSeconds * (maps.MaxRate + 1)}.fit()
+	s, note := fit(divide.Share{Rate: maps.MaxRate + 1, Burst: maps.MaxBurstSeconds * (maps.MaxRate + 1)})
 	if s.Rate != maps.MaxRate || s.Burst != maps.MaxBurstSeconds*maps.MaxRate || note == "" {
 		t.Errorf("fit: %+v %q", s, note)
 	}
-	if s, note := (Share{Rate: maps.MaxRate, Burst: 5}).fit(); s.Rate != maps.MaxRate || s.Burst != 5 || note != "" {
+	if s, note := fit(divide.Share{Rate: maps.MaxRate, Burst: 5}); s.Rate != maps.MaxRate || s.Burst != 5 || note != "" {
 		t.Errorf("fit of a share in range: %+v %q", s, note)
 	}
 }

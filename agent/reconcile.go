@@ -1,59 +1,17 @@
 package agent
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
 	"net/netip"
 	"reflect"
 	"slices"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/rlagent/rlagent/api/v1alpha1"
 	"github.com/rlagent/rlagent/maps"
 	"github.com/rlagent/rlagent/watcher"
 )
-
-// scope codes recorded in the pinned metadata (see scopeNames).
-const (
-	scopeStatic  = 0
-	scopeFile    = 1
-	scopeNodes   = 2
-	scopeService = 3
-)
-
-// noID marks a limit that got no id: every id of the data path is taken.
-const noID = ^uint32(0)
-
-// desiredLimit is one limit of the desired state, and, once reconcile has
-// tried it, what became of it.
-type desiredLimit struct {
-	name   string
-	id     uint32          // noID: no id was free
-	source *v1alpha1.Limit // as configured, for re-division if a later version does not fit
-	limit  maps.Limit
-	meta   maps.Meta // without State and Note
-	warn   string
-	// unfit says why the limit cannot be installed before any write is
-	// tried (no id, a spec the data path cannot express), or nil.
-	unfit error
-	// points are the endpoint hooks of a limit enforced at its endpoints
-	// (none for one at the uplink).
-	points []placement
-	// atUplink says why the limit, meant for its endpoints' interfaces,
-	// runs at the uplinks, or "".
-	atUplink string
-
-	// Set by reconcile: what is enforced, and why it is not the limit as
-	// configured (state and note, see maps.MetaState).
-	state    maps.MetaState
-	note     string
-	enforced *v1alpha1.Limit // the version in the data path; nil: none, or not known
-	full     *maps.Limit     // the version the prefix tables had no room for, if any
-	fullErr  error           // why
-}
 
 // outcome is what became of a limit at the last reconcile: what status,
 // the metrics and the RateLimit's condition report, and what is enforced.
@@ -99,7 +57,8 @@ func (a *Agent) reconcile() error {
 		a.outcomes = make(map[string]*outcome)
 	}
 	a.stepDemand(time.Now())
-	plan := a.desired()
+	in := a.gather()
+	desired := plan(in)
 	defer func() {
 		// What the maps hold now runs where it must; the hooks nothing
 		// needs any more go.
@@ -128,8 +87,8 @@ func (a *Agent) reconcile() error {
 	// What is no longer desired goes first, entry and metadata, whether it
 	// was applied or only reported: it leaves nothing behind, and its room
 	// is free for the limits below.
-	keep := make(map[uint32]bool, len(plan))
-	for _, d := range plan {
+	keep := make(map[uint32]bool, len(desired))
+	for _, d := range desired {
 		if d.id != noID {
 			keep[d.id] = true
 		}
@@ -144,16 +103,17 @@ func (a *Agent) reconcile() error {
 			p.freed = true
 		}
 	}
-	if p.freed && slices.ContainsFunc(plan, func(d *desiredLimit) bool { return d.id == noID }) {
+	if p.freed && slices.ContainsFunc(desired, func(d *desiredLimit) bool { return d.id == noID }) {
 		// The ids just freed are free now (their limits' buckets and
 		// counters are gone): the limits that found none take them.
-		plan = a.desired()
+		a.gatherIDs(in)
+		desired = plan(in)
 	}
 	// Before a limit reaches its hook, its program runs there: a limit
 	// that moves to its endpoints (or gets a new one) is never written to
 	// a hook where nothing enforces it.
 	limits, points := a.appliedLimits(), a.outcomePoints()
-	for _, d := range plan {
+	for _, d := range desired {
 		if d.unfit == nil {
 			limits = append(limits, d.limit)
 			points = append(points, d.points...)
@@ -165,12 +125,12 @@ func (a *Agent) reconcile() error {
 	// above all) first, then those that do, each pass in the plan's order:
 	// a limit that grows is checked against tables where the others have
 	// already shrunk, and before any limit that comes after it.
-	grows := make([]bool, len(plan))
-	for i, d := range plan {
+	grows := make([]bool, len(desired))
+	for i, d := range desired {
 		grows[i] = a.grows(d)
 	}
 	for _, growing := range []bool{false, true} {
-		for i, d := range plan {
+		for i, d := range desired {
 			if grows[i] != growing {
 				continue
 			}
@@ -179,8 +139,8 @@ func (a *Agent) reconcile() error {
 			}
 		}
 	}
-	inPlan := make(map[string]bool, len(plan))
-	for _, d := range plan {
+	inPlan := make(map[string]bool, len(desired))
+	for _, d := range desired {
 		inPlan[d.name] = true
 		if err := a.record(d); err != nil {
 			errs = append(errs, err)
@@ -322,7 +282,7 @@ func (a *Agent) install(d *desiredLimit, p *pass) error {
 	}
 	if writeErr == nil && o != nil && o.enforced != nil && !reflect.DeepEqual(o.enforced, d.source) {
 		// The previous version, divided by the current count.
-		if prev := a.divideLimit(o.enforced); prev != nil && prev.unfit == nil && prev.limit.Validate() == nil &&
+		if prev := d.prev; prev != nil && prev.unfit == nil && prev.limit.Validate() == nil &&
 			(reflect.DeepEqual(cur, prev.limit) || a.set(p, d.id, d.name, prev.limit, prev.meta) == nil) {
 			d.meta, d.enforced = prev.meta, o.enforced
 			return nil
@@ -412,64 +372,60 @@ func (a *Agent) record(d *desiredLimit) error {
 	return nil
 }
 
-// desired computes the desired state: an id for every limit, its share and
-// its map entry, in the order limits claim room in the data path (see
-// reconcile). A limit keeps its id for life, installed or not; a new limit
-// never takes the id of one removed in the same pass (it would inherit its
-// buckets); new limits take the free ids in name order, and one that finds
-// none is rejected.
-func (a *Agent) desired() []*desiredLimit {
-	limits := slices.Clone(a.limits())
-	slices.SortFunc(limits, func(x, y v1alpha1.Limit) int { return strings.Compare(x.Name, y.Name) })
-	used := make(map[uint32]bool, len(a.applied)+len(a.meta))
+// gather collects what plan decides from: the limits, their counts, the
+// endpoints and the data path's ids. It is the reconcile's only reading of
+// the world (the attacher's lookups of the endpoints included). Callers
+// hold a.mu.
+func (a *Agent) gather() *planInputs {
+	in := &planInputs{
+		limits:       a.limits(),
+		obs:          make(map[string]watcher.Observation),
+		service:      make(map[string]serviceEndpoints),
+		endpointHook: a.cfg.EndpointHook,
+		countFile:    a.cfg.Count.File != "",
+		demand:       make(map[string]uint64, len(a.demand)),
+		enforced:     make(map[string]*v1alpha1.Limit),
+	}
+	for i := range in.limits {
+		l := &in.limits[i]
+		in.obs[l.Name] = a.observe(l)
+		if l.Scope == v1alpha1.ScopeService && a.k8s != nil {
+			var se serviceEndpoints
+			se.local, se.ports = a.k8s.LocalEndpoints(l.Name)
+			in.service[l.Name] = se
+		}
+		if o := a.outcomes[l.Name]; o != nil && o.enforced != nil && !reflect.DeepEqual(o.enforced, l) {
+			in.enforced[l.Name] = o.enforced
+		}
+	}
+	for name, st := range a.demand {
+		in.demand[name] = st.node.Now()
+	}
+	a.gatherIDs(in)
+	if addrs, wide := endpointQueries(in); len(addrs) > 0 || len(wide) > 0 {
+		in.endpoints = a.findEndpoints(addrs, wide)
+	}
+	return in
+}
+
+// gatherIDs sets in's id assignment from what the agent gave out and the
+// data path holds. Callers hold a.mu.
+func (a *Agent) gatherIDs(in *planInputs) {
+	in.ids = make(map[string]uint32, len(a.ids))
+	for name, id := range a.ids {
+		in.ids[name] = id
+	}
+	in.taken = make(map[uint32]bool, len(a.applied)+len(a.meta)+len(a.ids))
+	in.installed = make(map[uint32]bool, len(a.applied))
 	for id := range a.applied {
-		used[id] = true
+		in.taken[id], in.installed[id] = true, true
 	}
 	for id := range a.meta {
-		used[id] = true
+		in.taken[id] = true
 	}
 	for _, id := range a.ids {
-		used[id] = true
+		in.taken[id] = true
 	}
-	out := make([]*desiredLimit, 0, len(limits))
-	next := uint32(0)
-	for i := range limits {
-		l := &limits[i]
-		d := a.divideLimit(l)
-		if d == nil {
-			continue // nothing to enforce on this node
-		}
-		id, ok := a.ids[l.Name]
-		if !ok {
-			for next < maps.MaxLimits && used[next] {
-				next++
-			}
-			if next < maps.MaxLimits {
-				id = next
-				used[id] = true
-			} else {
-				id = noID
-				d.unfit = fmt.Errorf("the data path holds %d limits and every id is taken (new limits take the free ones in name order)", maps.MaxLimits)
-			}
-		}
-		d.id = id
-		out = append(out, d)
-	}
-	slices.SortStableFunc(out, func(x, y *desiredLimit) int {
-		_, xin := a.applied[x.id]
-		_, yin := a.applied[y.id]
-		switch {
-		case xin != yin:
-			if xin {
-				return -1
-			}
-			return 1
-		case x.id != y.id:
-			return cmp.Compare(x.id, y.id)
-		}
-		return strings.Compare(x.name, y.name)
-	})
-	return out
 }
 
 // limits are the limits to enforce: the config file's, or in a cluster the
@@ -500,85 +456,6 @@ func (a *Agent) observe(l *v1alpha1.Limit) watcher.Observation {
 		return a.k8s.Observe(l.Name)
 	}
 	return a.source.Observe(l.Name)
-}
-
-// divideLimit divides one limit by its count. It returns nil for a
-// service-scoped limit with no endpoint on this node: no traffic of that
-// Service arrives here, and without endpoint addresses the limit would match
-// all of the node's traffic. A share above the data path's range is clamped
-// (state Clamped); a spec the data path cannot express is unfit.
-func (a *Agent) divideLimit(l *v1alpha1.Limit) *desiredLimit {
-	spec := &l.RateLimitSpec
-	obs := a.observe(l)
-	burst := spec.EffectiveBurst()
-	service := spec.Scope == v1alpha1.ScopeService
-	share, clamped := a.demandShare(l, divide(spec.Rate, burst, service, obs)).fit()
-	if service {
-		var local []watcher.Endpoint
-		var ports []watcher.EndpointPort
-		if a.k8s != nil {
-			local, ports = a.k8s.LocalEndpoints(l.Name)
-		}
-		if len(local) == 0 {
-			return nil
-		}
-		spec = serviceSpec(spec, local, ports)
-	}
-	var fallback, attachNote string
-	var points []placement
-	if spec.Attach == v1alpha1.AttachEndpoints || (spec.Attach == "" && service) {
-		if points, fallback, attachNote = a.endpointPlacements(spec); fallback != "" {
-			s := *spec
-			s.Attach = v1alpha1.AttachUplink
-			spec = &s
-			attachNote = "enforced at the uplink: " + fallback
-		}
-	}
-	scope := uint8(scopeStatic)
-	switch spec.Scope {
-	case v1alpha1.ScopeNodes:
-		scope = scopeNodes
-	case v1alpha1.ScopeService:
-		scope = scopeService
-	default:
-		if a.cfg.Count.File != "" {
-			scope = scopeFile
-		}
-	}
-	d := &desiredLimit{
-		name:   l.Name,
-		source: l,
-		warn:   share.Warning,
-		meta: maps.Meta{
-			Name:        l.Name,
-			GlobalRate:  spec.Rate,
-			GlobalBurst: burst,
-			Scope:       scope,
-			Replicas:    uint32(max(obs.Replicas, 0)),
-			Local:       uint32(max(obs.Local, 0)),
-			Observed:    obs.At,
-			Stale:       obs.Err != nil,
-		},
-	}
-	if clamped != "" {
-		d.state, d.note = maps.Clamped, clamped
-	}
-	if attachNote != "" {
-		d.note = strings.TrimPrefix(d.note+"; "+attachNote, "; ")
-		d.warn = strings.TrimPrefix(d.warn+"; "+attachNote, "; ")
-	}
-	if fallback == "" {
-		d.points = points
-	} else {
-		d.atUplink = attachNote
-	}
-	ml, err := toMapsLimit(spec, share)
-	if err != nil {
-		d.unfit = err
-		return d
-	}
-	d.limit = ml
-	return d
 }
 
 // snapshot records each limit's counters, for status to compute rates.
@@ -652,34 +529,6 @@ func (a *Agent) observeName(name string) watcher.Observation {
 		}
 	}
 	return a.source.Observe(name)
-}
-
-// serviceSpec is a service-scoped spec with the Service's endpoints on this
-// node as its local side: for an ingress limit its destination (their
-// addresses, and the Service's ports of the spec's protocol), for an egress
-// limit its source (their addresses; the destination ports stay the
-// spec's, since what the endpoints send goes to other services' ports).
-func serviceSpec(spec *v1alpha1.RateLimitSpec, local []watcher.Endpoint, ports []watcher.EndpointPort) *v1alpha1.RateLimitSpec {
-	s := *spec
-	var addrs []string
-	for _, e := range local {
-		addrs = append(addrs, netip.PrefixFrom(e.Addr, e.Addr.BitLen()).String())
-	}
-	if spec.Match.Direction == v1alpha1.DirectionEgress {
-		s.Match.SrcCIDRs = addrs
-		return &s
-	}
-	s.Match.DstCIDRs = addrs
-	if len(spec.Match.DstPorts) == 0 {
-		s.Match.DstPorts = nil
-		for _, p := range ports {
-			proto := v1alpha1.Protocol(strings.ToLower(string(p.Protocol)))
-			if spec.Match.Protocol == v1alpha1.ProtocolAny || spec.Match.Protocol == "" || spec.Match.Protocol == proto {
-				s.Match.DstPorts = append(s.Match.DstPorts, strconv.Itoa(int(p.Port)))
-			}
-		}
-	}
-	return &s
 }
 
 // pinnedIDs are the ids an earlier agent left in the pins: the limits set,
