@@ -64,10 +64,8 @@ type Agent struct {
 	source  watcher.Source
 	stopSrc context.CancelFunc
 	k8s     *watcher.Kubernetes
-	writer  *watcher.StatusWriter // in a cluster, once statusLoop runs
-	ids     map[string]uint32     // limit name -> id
-	applied map[uint32]maps.Limit // what was last written, by id
-	meta    map[uint32]maps.Meta
+	writer  *watcher.StatusWriter      // in a cluster, once statusLoop runs
+	ap      applier                    // writes the limits; what became of each (outcomes)
 	pending map[uint32]counterSnap     // counters read at the last tick
 	demand  map[string]*demandState    // share demand: by limit name
 	warned  map[string]string          // limit name -> last warning logged
@@ -78,10 +76,6 @@ type Agent struct {
 	health  health                     // own lock: the probes never wait for a reconcile
 
 	reconcileErrors prometheus.Counter
-
-	// outcomes: limit name -> what became of it at the last reconcile
-	// (created by reconcile).
-	outcomes map[string]*outcome
 
 	reloadErrors prometheus.Counter
 	reloads      prometheus.Counter
@@ -109,9 +103,6 @@ func Run(ctx context.Context, opts Options) error {
 	a := &Agent{
 		opts:      opts,
 		log:       opts.Log,
-		ids:       make(map[string]uint32),
-		applied:   make(map[uint32]maps.Limit),
-		meta:      make(map[uint32]maps.Meta),
 		pending:   make(map[uint32]counterSnap),
 		demand:    make(map[string]*demandState),
 		warned:    make(map[string]string),
@@ -239,22 +230,13 @@ func (a *Agent) start(ctx context.Context, cfg *v1alpha1.Config) error {
 	// The pod side of an endpoint is looked for only where it is used.
 	a.att = attach.New(attach.Options{PinDir: cfg.PinDir, Log: a.log,
 		SkipPeerNetns: cfg.EndpointHook != v1alpha1.EndpointHookPod})
-	// Adopt what an earlier agent left: names and ids from the pins.
-	for _, id := range pinnedIDs(dp) {
-		m, err := dp.Meta(id)
-		if err != nil {
-			return err
-		}
-		if m.Name != "" {
-			a.ids[m.Name] = id
-			a.meta[id] = m
-		}
-		if l, err := dp.Limit(id); err == nil {
-			a.applied[id] = l
-		}
-	}
-	if len(a.ids) > 0 {
-		a.log.Info("adopted pinned data path", "pin_dir", cfg.PinDir, "limits", len(a.ids))
+	a.ap = newApplier(dp, a.log)
+	// What an earlier agent left is adopted as it is: the reconciles
+	// compare with the pins themselves (names and ids in the metadata).
+	if metas, err := dp.Metas(); err != nil {
+		return err
+	} else if len(metas) > 0 {
+		a.log.Info("adopted pinned data path", "pin_dir", cfg.PinDir, "limits", len(metas))
 	}
 	a.startSource(ctx, cfg.Count)
 	if k := a.opts.Kubernetes; k != nil {
@@ -274,7 +256,7 @@ func (a *Agent) start(ctx context.Context, cfg *v1alpha1.Config) error {
 	// is not there is rejected at the start. (The reconcile attached them
 	// already, unless a cluster agent's caches are not synced yet; then the
 	// pinned hooks stay as an earlier agent left them, none detached.)
-	return a.syncLinks(a.placements(a.appliedLimits(), a.outcomePoints()), false)
+	return a.syncLinks(a.placements(a.appliedLimits(), a.ap.points()), false)
 }
 
 func (a *Agent) startSource(ctx context.Context, c v1alpha1.CountSource) {
@@ -443,7 +425,7 @@ func (a *Agent) reload(ctx context.Context) error {
 	reject := func(err error) error {
 		a.cfg, a.att = old, oldAtt
 		undoAttach()
-		a.syncLinks(a.placements(a.appliedLimits(), a.outcomePoints()), true)
+		a.syncLinks(a.placements(a.appliedLimits(), a.ap.points()), true)
 		return err
 	}
 	if err := a.syncLinks(added, false); err != nil {
@@ -547,7 +529,7 @@ func (a *Agent) statusLoop(ctx context.Context) {
 			a.mu.Lock()
 			// What became of the limit on this node (nothing if it has no
 			// endpoint here).
-			if o := a.outcomes[l.Name]; o != nil {
+			if o := a.ap.outcomes[l.Name]; o != nil {
 				switch o.state {
 				case maps.Rejected:
 					v.NotApplied = o.note

@@ -62,9 +62,9 @@ func (a *Agent) stepDemand(now time.Time) bool {
 		if st == nil {
 			st = &demandState{}
 			st.node = demand.Node{Interval: p.Interval.Duration / 2, StaleAfter: p.StaleAfter.Duration}
-			if id, ok := a.ids[l.Name]; ok && a.applied[id].Rate > 0 {
+			if rate := a.enforcedRates()[l.Name]; rate > 0 {
 				// A restarted agent: the share the data path holds.
-				st.node.Start(a.applied[id].Rate, now)
+				st.node.Start(rate, now)
 			} else if st.node.Fresh(alloc, now) && demand.Check(alloc, demand.Bounds{Rate: l.Rate, Count: obs.Replicas, FloorPerMille: *p.FloorPerMille}, equal, now) == nil {
 				// A node joining an allocation: its floor, until a
 				// round counts it.
@@ -133,15 +133,32 @@ func (a *Agent) demandRefused(name string) string {
 	return ""
 }
 
+// enforcedRates is, by limit name, the rate of the entry the data path
+// holds for it. Callers hold a.mu.
+func (a *Agent) enforcedRates() map[string]uint64 {
+	metas, err := a.dp.Metas()
+	if err != nil {
+		return nil
+	}
+	out := make(map[string]uint64, len(metas))
+	for id, m := range metas {
+		if l, err := a.dp.Limit(id); err == nil {
+			out[m.Name] = l.Rate
+		}
+	}
+	return out
+}
+
 // observeDemand feeds a limit's counters (what was offered to it, in its
-// unit) to its meter. Callers hold a.mu.
-func (a *Agent) observeDemand(name string, st maps.Stats, now time.Time) {
+// unit) to its meter; l is the limit (nil: no longer configured). Callers
+// hold a.mu.
+func (a *Agent) observeDemand(name string, l *v1alpha1.Limit, st maps.Stats, now time.Time) {
 	d := a.demand[name]
 	if d == nil {
 		return
 	}
 	offered := st.AdmittedPackets + st.DroppedPackets + st.ShadowPackets
-	if l := a.limitNamed(name); l != nil && l.Unit == v1alpha1.UnitBytes {
+	if l != nil && l.Unit == v1alpha1.UnitBytes {
 		offered = st.AdmittedBytes + st.DroppedBytes + st.ShadowBytes
 	}
 	p := a.demandParams()
@@ -157,16 +174,6 @@ func (a *Agent) observeDemand(name string, st maps.Stats, now time.Time) {
 
 // demandMoved is the fraction a demand must move by to be reported again.
 const demandMoved = 0.1
-
-// limitNamed is the limit of this name, or nil. Callers hold a.mu.
-func (a *Agent) limitNamed(name string) *v1alpha1.Limit {
-	for _, l := range a.limits() {
-		if l.Name == name {
-			return &l
-		}
-	}
-	return nil
-}
 
 // demandLoop reports this node's demands (the demand Lease, which every
 // node writes, with or without demand-shared limits: it holds the node's
@@ -192,8 +199,9 @@ func (a *Agent) demandLoop(ctx context.Context) {
 		pub.Configure(p.Interval.Duration, 10*p.Interval.Duration)
 		published := pub.Published()
 		var ds []watcher.Demand
+		rates := a.enforcedRates()
 		for name, st := range a.demand {
-			if id, ok := a.ids[name]; !ok || a.applied[id].Rate == 0 {
+			if rates[name] == 0 {
 				continue // not enforced here: nothing to measure
 			}
 			rate, warm := st.meter.Demand()

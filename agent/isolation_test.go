@@ -56,6 +56,7 @@ func (b *logBuffer) count(parts ...string) int {
 func captureLog(a *Agent) *logBuffer {
 	b := &logBuffer{}
 	a.log = slog.New(slog.NewTextHandler(b, nil))
+	a.ap.log = a.log
 	return b
 }
 
@@ -183,7 +184,7 @@ func TestReconcileClampsShareAboveRange(t *testing.T) {
 		// Once at count 2, once when the clamped share changed at count 3.
 		t.Errorf("%d clamp log lines, want 2 (one per change):\n%s", n, logs.buf.String())
 	}
-	m, err := a.dp.Meta(a.ids["huge"])
+	m, err := a.dp.Meta(idOf(t, a, "huge"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -373,10 +374,7 @@ func TestReconcilePrefixTableOverflow(t *testing.T) {
 	want("cc grown, count 2", "aa", "applied", true, 1500, 3000)
 
 	// bb, rejected, goes: its metadata goes with it.
-	bbID, ok := a.ids["bb"]
-	if !ok {
-		t.Fatal("bb, rejected, holds no id: status could not show it from the pins")
-	}
+	bbID := idOf(t, a, "bb") // rejected, it holds an id: status shows it from the pins
 	setConfig(t, a, prefixConfig(
 		[4]any{"aa", 3000, 0, 3000},
 		[4]any{"cc", 900, 20000, 2000},
@@ -410,8 +408,8 @@ func TestReconcileShrinkBeforeGrow(t *testing.T) {
 		[4]any{"bb", 100, 10000, 3000},
 	), src)
 	mustReconcile(t, a)
-	if a.ids["aa"] >= a.ids["bb"] {
-		t.Fatalf("ids aa %d, bb %d: the test needs aa first", a.ids["aa"], a.ids["bb"])
+	if idOf(t, a, "aa") >= idOf(t, a, "bb") {
+		t.Fatalf("ids aa %d, bb %d: the test needs aa first", idOf(t, a, "aa"), idOf(t, a, "bb"))
 	}
 	// aa (first by id) grows by 1000, bb shrinks by 1000: 4000 in the end,
 	// but 5000 if aa were written first.
@@ -478,9 +476,9 @@ func TestStatusShowsRejectedFromPins(t *testing.T) {
 		t.Fatal(err)
 	}
 	a.dp.Close()
-	a.dp = dp
+	a.dp, a.ap.store = dp, dp
 	mustReconcile(t, a)
-	bbID := a.ids["bb"]
+	bbID := idOf(t, a, "bb")
 	dp.Close()
 
 	st, err := ReadStatus(dir)
@@ -505,8 +503,12 @@ func TestStatusShowsRejectedFromPins(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer dp2.Close()
-	if ids := pinnedIDs(dp2); !slices.Contains(ids, bbID) || len(ids) != 2 {
-		t.Errorf("pinnedIDs %v, want aa's and bb's (%d)", ids, bbID)
+	metas, err := dp2.Metas()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, ok := metas[bbID]; !ok || m.Name != "bb" || len(metas) != 2 {
+		t.Errorf("the pins' metadata %v, want aa's and bb's (id %d)", metas, bbID)
 	}
 }
 

@@ -184,16 +184,6 @@ func pacing(limits []maps.Limit) (bool, attach.FQ) {
 	return paced, fq
 }
 
-// outcomePoints are the endpoint hooks of the limits as the last reconcile
-// left them, in name order. Callers hold a.mu.
-func (a *Agent) outcomePoints() []placement {
-	var out []placement
-	for _, name := range sortedNames(a.outcomes) {
-		out = append(out, a.outcomes[name].points...)
-	}
-	return out
-}
-
 func sortedNames[V any](m map[string]V) []string {
 	names := make([]string, 0, len(m))
 	for n := range m {
@@ -205,8 +195,13 @@ func sortedNames[V any](m map[string]V) []string {
 
 // appliedLimits are the limits in the maps. Callers hold a.mu.
 func (a *Agent) appliedLimits() []maps.Limit {
-	out := make([]maps.Limit, 0, len(a.applied))
-	for _, l := range a.applied {
+	ids := a.dp.IDs()
+	out := make([]maps.Limit, 0, len(ids))
+	for _, id := range ids {
+		l, err := a.dp.Limit(id)
+		if err != nil {
+			continue
+		}
 		out = append(out, l)
 	}
 	return out

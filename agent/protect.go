@@ -146,7 +146,7 @@ func (a *Agent) applyProtect(why string) {
 	prev := a.protect.st
 	a.protect.mu.Unlock()
 
-	if wantAPI && !known && len(a.applied) > 0 {
+	if wantAPI && !known && len(a.dp.IDs()) > 0 {
 		// The limits in force (adopted from the pins) could be dropping
 		// the API server's replies that the endpoints would arrive in;
 		// writing the file's rules alone would take away the rule the

@@ -175,7 +175,9 @@ func TestApplyProtect(t *testing.T) {
 	t.Run("endpoints unknown with limits in force", func(t *testing.T) {
 		a := newTestAgent(t, protectTwo, &fakeSource{})
 		a.opts.APIServer = fixedAPIServer(t, "https://api.invalid:6443")
-		a.applied[0] = maps.Limit{Rate: 1, Burst: 1} // as adopted from the pins
+		if err := a.dp.SetLimit(0, maps.Limit{Rate: 1, Burst: 1}); err != nil { // as adopted from the pins
+			t.Fatal(err)
+		}
 		a.applyProtect("start")
 		st := a.Protection()
 		if !st.Waiting || !st.At.IsZero() || st.Rules != 0 {

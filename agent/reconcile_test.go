@@ -54,9 +54,8 @@ func newTestAgent(tb testing.TB, cfg string, src watcher.Source) *Agent {
 	}
 	tb.Cleanup(func() { dp.Close() })
 	return &Agent{
-		log: quiet(), cfg: c, dp: dp, source: src,
-		ids: map[string]uint32{}, applied: map[uint32]maps.Limit{},
-		meta: map[uint32]maps.Meta{}, warned: map[string]string{}, pending: map[uint32]counterSnap{},
+		log: quiet(), cfg: c, dp: dp, source: src, ap: newApplier(dp, quiet()),
+		warned: map[string]string{}, pending: map[uint32]counterSnap{},
 	}
 }
 
@@ -82,15 +81,35 @@ func mustReconcile(tb testing.TB, a *Agent) {
 
 func shareOf(tb testing.TB, a *Agent, name string) maps.Limit {
 	tb.Helper()
-	id, ok := a.ids[name]
-	if !ok {
-		tb.Fatalf("limit %s has no id", name)
-	}
-	l, err := a.dp.Limit(id)
+	l, err := a.dp.Limit(idOf(tb, a, name))
 	if err != nil {
 		tb.Fatal(err)
 	}
 	return l
+}
+
+// idOf is the id the data path's metadata gives the limit name.
+func idOf(tb testing.TB, a *Agent, name string) uint32 {
+	tb.Helper()
+	id, ok := lookupID(tb, a, name)
+	if !ok {
+		tb.Fatalf("limit %s has no id", name)
+	}
+	return id
+}
+
+func lookupID(tb testing.TB, a *Agent, name string) (uint32, bool) {
+	tb.Helper()
+	metas, err := a.dp.Metas()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for id, m := range metas {
+		if m.Name == name {
+			return id, true
+		}
+	}
+	return noID, false
 }
 
 // Shares follow the count; each limit keeps its id; metadata records the
@@ -110,7 +129,7 @@ func TestReconcileFollowsCount(t *testing.T) {
 		if l := shareOf(t, a, "web"); l.Rate != 30000/div || l.Key != maps.KeySrcIP {
 			t.Errorf("count %d: web share %d key %v", n, l.Rate, l.Key)
 		}
-		m, err := a.dp.Meta(a.ids["dns"])
+		m, err := a.dp.Meta(idOf(t, a, "dns"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -118,7 +137,7 @@ func TestReconcileFollowsCount(t *testing.T) {
 			t.Errorf("count %d: meta %+v", n, m)
 		}
 	}
-	if a.ids["dns"] == a.ids["web"] {
+	if idOf(t, a, "dns") == idOf(t, a, "web") {
 		t.Fatal("two limits share an id")
 	}
 }
@@ -134,7 +153,7 @@ func TestReconcileRemoveAndAdd(t *testing.T) {
 	src.set(2)
 	a := newTestAgent(t, twoLimits, src)
 	mustReconcile(t, a)
-	dnsID := a.ids["dns"]
+	dnsID := idOf(t, a, "dns")
 
 	next, err := v1alpha1.ParseConfig([]byte(`
 interfaces: [lo]
@@ -152,13 +171,13 @@ limits:
 	}
 	a.cfg = next
 	mustReconcile(t, a)
-	if _, ok := a.ids["dns"]; ok {
+	if _, ok := lookupID(t, a, "dns"); ok {
 		t.Fatal("removed limit still has an id")
 	}
 	if _, err := a.dp.Limit(dnsID); err == nil {
 		t.Fatal("removed limit still in the data path")
 	}
-	if a.ids["ntp"] == dnsID {
+	if idOf(t, a, "ntp") == dnsID {
 		t.Fatal("new limit took the id of the limit removed in the same pass")
 	}
 	if l := shareOf(t, a, "ntp"); l.Rate != 500 {
@@ -172,17 +191,17 @@ func TestReconcileIdempotent(t *testing.T) {
 	src.set(3)
 	a := newTestAgent(t, twoLimits, src)
 	mustReconcile(t, a)
-	e1, _ := a.dp.Limit(a.ids["dns"])
+	e1, _ := a.dp.Limit(idOf(t, a, "dns"))
 	mustReconcile(t, a)
 	mustReconcile(t, a)
-	e2, _ := a.dp.Limit(a.ids["dns"])
+	e2, _ := a.dp.Limit(idOf(t, a, "dns"))
 	if e1.Rate != e2.Rate {
 		t.Fatal("share changed without a count change")
 	}
 	// The limit entry's seq moves on every parameter write: unchanged
 	// reconciles must not write.
-	if a.dp.Seq(a.ids["dns"]) != 1 {
-		t.Fatalf("seq %d after idempotent reconciles, want 1 (no rewrite)", a.dp.Seq(a.ids["dns"]))
+	if a.dp.Seq(idOf(t, a, "dns")) != 1 {
+		t.Fatalf("seq %d after idempotent reconciles, want 1 (no rewrite)", a.dp.Seq(idOf(t, a, "dns")))
 	}
 }
 

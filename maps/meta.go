@@ -35,6 +35,16 @@ type Meta struct {
 	SnapShadow   uint64
 }
 
+// Equal reports whether m and o record the same: their times compared as
+// instants, which is all the pins keep of them.
+func (m Meta) Equal(o Meta) bool {
+	if !m.Observed.Equal(o.Observed) || !m.SnapAt.Equal(o.SnapAt) {
+		return false
+	}
+	m.Observed, m.SnapAt, o.Observed, o.SnapAt = time.Time{}, time.Time{}, time.Time{}, time.Time{}
+	return m == o
+}
+
 // MetaState is what became of a limit the agent was asked to enforce.
 type MetaState uint8
 
@@ -107,6 +117,58 @@ func (d *Datapath) Meta(id uint32) (Meta, error) {
 	if err := d.objs.RlMeta.Lookup(id, &v); err != nil {
 		return Meta{}, fmt.Errorf("meta of limit %d: %w", id, err)
 	}
+	return metaOf(&v), nil
+}
+
+// Metas reads the metadata of every id that names a limit (see MetaIDs),
+// in one batch where the kernel has batch lookups: what a reconcile
+// compares its plan with.
+func (d *Datapath) Metas() (map[uint32]Meta, error) {
+	if d.objs.RlMeta == nil {
+		return nil, fmt.Errorf("read limit meta: %s is not pinned", bpf.RatelimitMapRlMeta)
+	}
+	out := make(map[uint32]Meta)
+	add := func(id uint32, v *bpf.RatelimitRlLimitMeta) {
+		if v.Name[0] != 0 {
+			out[id] = metaOf(v)
+		}
+	}
+	var (
+		cursor ebpf.MapBatchCursor
+		keys   = make([]uint32, MaxLimits)
+		vals   = make([]bpf.RatelimitRlLimitMeta, MaxLimits)
+	)
+	for {
+		n, err := d.objs.RlMeta.BatchLookup(&cursor, keys, vals, nil)
+		for i := range n {
+			add(keys[i], &vals[i])
+		}
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return out, nil
+		}
+		if errors.Is(err, ebpf.ErrNotSupported) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read limit meta: %w", err)
+		}
+	}
+	clear(out)
+	var (
+		id uint32
+		v  bpf.RatelimitRlLimitMeta
+	)
+	it := d.objs.RlMeta.Iterate()
+	for it.Next(&id, &v) {
+		add(id, &v)
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read limit meta: %w", err)
+	}
+	return out, nil
+}
+
+func metaOf(v *bpf.RatelimitRlLimitMeta) Meta {
 	return Meta{
 		Name:         cString(v.Name[:]),
 		GlobalRate:   v.GlobalRate,
@@ -122,7 +184,7 @@ func (d *Datapath) Meta(id uint32) (Meta, error) {
 		SnapAdmitted: v.SnapAdmitted,
 		SnapDropped:  v.SnapDropped,
 		SnapShadow:   v.SnapShadow,
-	}, nil
+	}
 }
 
 func cString(b []int8) string {
@@ -217,3 +279,6 @@ func (d *Datapath) MetaIDs() ([]uint32, error) {
 
 // MetaIDs is Datapath.MetaIDs.
 func (r *Reader) MetaIDs() ([]uint32, error) { return r.d.MetaIDs() }
+
+// Metas is Datapath.Metas.
+func (r *Reader) Metas() (map[uint32]Meta, error) { return r.d.Metas() }
