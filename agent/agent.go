@@ -60,7 +60,8 @@ type Agent struct {
 	mu      sync.Mutex // guards everything below
 	cfg     *v1alpha1.Config
 	dp      *maps.Datapath
-	att     *attach.Attacher // keeps no handles: the pins are its state
+	att     *attach.Attacher // finds endpoints and addresses; keeps no handles
+	hooks   hookSet          // attaches (the first att: the pins are its state)
 	source  watcher.Source
 	stopSrc context.CancelFunc
 	k8s     *watcher.Kubernetes
@@ -230,6 +231,7 @@ func (a *Agent) start(ctx context.Context, cfg *v1alpha1.Config) error {
 	// The pod side of an endpoint is looked for only where it is used.
 	a.att = attach.New(attach.Options{PinDir: cfg.PinDir, Log: a.log,
 		SkipPeerNetns: cfg.EndpointHook != v1alpha1.EndpointHookPod})
+	a.hooks = a.att
 	a.ap = newApplier(dp, a.log)
 	// What an earlier agent left is adopted as it is: the reconciles
 	// compare with the pins themselves (names and ids in the metadata).
@@ -416,7 +418,7 @@ func (a *Agent) reload(ctx context.Context) error {
 	undoAttach := func() {
 		for _, p := range added {
 			for _, k := range []attach.Kind{p.point.Kind, attach.TCIngress} { // TCIngress: an xdpFallback
-				if err := a.att.Detach(attach.Point{Iface: p.point.Iface, Kind: k}); err != nil {
+				if err := a.hooks.Detach(attach.Point{Iface: p.point.Iface, Kind: k}); err != nil {
 					a.log.Error("rolling back a rejected config", "interface", p.point.Iface, "error", err)
 				}
 			}
@@ -434,7 +436,7 @@ func (a *Agent) reload(ctx context.Context) error {
 	for _, p := range recheck {
 		// An interface missing now is attached when it is back, as
 		// before the reload.
-		if _, _, err := a.syncPlacement(p); err != nil && !errors.Is(err, attach.ErrNoInterface) {
+		if _, _, err := a.hookSync().place(p); err != nil && !errors.Is(err, attach.ErrNoInterface) {
 			return reject(err)
 		}
 	}

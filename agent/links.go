@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -233,31 +232,14 @@ func (a *Agent) watchLinks(ctx context.Context) {
 // interface's XDP or TC hook (not a missing one's), for the start, which
 // rejects a config whose interfaces cannot be attached. Callers hold a.mu.
 func (a *Agent) syncLinks(want []placement, prune bool) error {
-	if a.att == nil {
-		return nil // an agent of unit tests, which attaches nothing
-	}
 	a.syncLocal()
-	var first error
-	keep := make(map[string]bool, len(want))
-	for _, p := range want {
-		st, used, err := a.syncPlacement(p)
-		keep[used.key()] = true
-		if used != p {
-			keep[p.key()] = true // the XDP hook another program holds is not ours to detach
-		}
-		if err != nil && p.uplink && first == nil {
-			first = err
-		}
-		if err != nil && !p.uplink && errors.Is(err, attach.ErrNoInterface) {
-			// An endpoint's interface that is gone: its pod went. The
-			// next reconcile drops it (the route or neighbour event that
-			// came with it has woken one).
-			continue
-		}
+	hs := a.hookSync()
+	res := hs.attach(want)
+	for _, st := range res.states {
 		a.setState(st)
 	}
 	if !prune {
-		return first
+		return res.first
 	}
 	// want is every placement now: the fq of ours goes where nothing
 	// paces any more (a sync of some placements, such as a reload's new
@@ -265,28 +247,22 @@ func (a *Agent) syncLinks(want []placement, prune bool) error {
 	if !slices.ContainsFunc(want, func(p placement) bool { return p.paced }) || !a.cfg.ManageQdisc {
 		a.removeFQ()
 	}
-	pinned, err := attach.Pinned(a.cfg.PinDir)
-	if err != nil {
-		a.log.Warn("list pinned hooks", "error", err)
-	}
-	for _, pt := range pinned {
-		if keep[pt.String()] {
-			continue
-		}
-		if err := a.att.Detach(pt); err != nil {
-			a.log.Error("detach a hook no limit needs", "point", pt.String(), "error", err)
-			continue
-		}
-		a.log.Info("detached", "point", pt.String())
-	}
+	hs.prune(res.keep)
 	for key := range a.ifState {
-		if !keep[key] {
+		if !res.keep[key] {
 			delete(a.ifState, key)
 		}
 	}
 	a.recordInterfaces()
 	a.finishMigration()
-	return first
+	return res.first
+}
+
+// hookSync is the sync of the agent's hooks, with the config in force.
+// Callers hold a.mu.
+func (a *Agent) hookSync() *hookSync {
+	return &hookSync{hooks: a.hooks, program: a.program, fallbackTC: a.cfg.XDPFallback == v1alpha1.XDPFallbackTC,
+		qdisc: a.syncQdisc, log: a.log, logOnce: a.logOnce}
 }
 
 // syncLocal writes what action reject may answer (maps.SetLocalAddresses,
@@ -347,16 +323,16 @@ func (a *Agent) syncLocal() {
 // their last user.
 func (a *Agent) finishMigration() {
 	mig := a.dp.Migrating()
-	if mig == nil || a.att == nil {
+	if mig == nil {
 		return
 	}
 	ours := a.dp.ProgramIDs()
-	pinned, err := attach.Pinned(a.cfg.PinDir)
+	pinned, err := a.hooks.Pinned()
 	if err != nil {
 		return
 	}
 	for _, pt := range pinned {
-		res, err := a.att.Alive(pt)
+		res, err := a.hooks.Alive(pt)
 		if err != nil {
 			continue // a dead pin holds no program
 		}
@@ -370,39 +346,6 @@ func (a *Agent) finishMigration() {
 	}
 	a.log.Info("pin layout migrated: every hook runs this data path, the earlier layout's pins are removed",
 		"from", mig.From, "copied", len(mig.Copied), "rebuilt", mig.Rebuilt)
-}
-
-// syncPlacement attaches p's program at p. Where another program holds an
-// uplink's XDP hook, xdpFallback tc puts the uplink-in program on the
-// interface's TC ingress instead: used is where it went.
-func (a *Agent) syncPlacement(p placement) (st InterfaceStatus, used placement, err error) {
-	used = p
-	res, err := a.att.Attach(p.point, a.program(p))
-	var busy *attach.XDPBusyError
-	if errors.As(err, &busy) && a.cfg.XDPFallback == v1alpha1.XDPFallbackTC {
-		a.logOnce("xdp-busy "+p.point.Iface, "another program holds the XDP hook: enforcing the uplink's ingress limits from its TC ingress hook (xdpFallback tc)",
-			"interface", p.point.Iface, "holder", busy.Name, "holder_id", busy.Program)
-		used = placement{point: attach.Point{Iface: p.point.Iface, Kind: attach.TCIngress}, hook: p.hook, uplink: p.uplink}
-		res, err = a.att.Attach(used.point, a.program(used))
-	}
-	st = InterfaceStatus{Name: used.point.Iface, Hook: used.point.Kind.String(), Program: used.hook.String(),
-		Netns: used.point.Netns, uplink: used.uplink}
-	switch {
-	case err == nil:
-		st.State, st.Mode = StateAttached, string(res.Mode)
-		if used != p {
-			st.Mode += ", xdpFallback"
-		}
-		if p.paced {
-			st.Qdisc, st.PaceIneffective = a.syncQdisc(p)
-		}
-	case errors.Is(err, attach.ErrNoInterface):
-		st.State, st.Error = StateMissing, err.Error()
-	default:
-		// An *attach.XDPBusyError says what to do already.
-		st.State, st.Error = StateFailed, err.Error()
-	}
-	return st, used, err
 }
 
 // syncQdisc checks, and with manageQdisc makes, that the qdisc of p's

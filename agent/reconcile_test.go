@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/rlagent/rlagent/api/v1alpha1"
+	"github.com/rlagent/rlagent/attach"
 	"github.com/rlagent/rlagent/internal/testenv"
 	"github.com/rlagent/rlagent/maps"
 	"github.com/rlagent/rlagent/watcher"
@@ -53,8 +54,12 @@ func newTestAgent(tb testing.TB, cfg string, src watcher.Source) *Agent {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { dp.Close() })
+	// The hooks are in memory: nothing of the host's is attached to. The
+	// attacher finds the host's addresses (reading only) for the maps of
+	// the test's own data path.
 	return &Agent{
 		log: quiet(), cfg: c, dp: dp, source: src, ap: newApplier(dp, quiet()),
+		att: attach.New(attach.Options{PinDir: tb.TempDir(), Log: quiet()}), hooks: newMemHooks(c.Interfaces...),
 		warned: map[string]string{}, pending: map[uint32]counterSnap{},
 	}
 }

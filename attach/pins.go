@@ -246,6 +246,9 @@ func Pinned(pinDir string) ([]Point, error) {
 	return slices.Compact(out), nil
 }
 
+// Pinned is Pinned of the Attacher's pin directory: the hooks it holds.
+func (a *Attacher) Pinned() ([]Point, error) { return Pinned(a.pinDir) }
+
 // removeNsDirIfEmpty removes another namespace's pin directory once only
 // its record is left.
 func removeNsDirIfEmpty(dir string) {
