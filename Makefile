@@ -200,7 +200,8 @@ VMTEST_BIN := bin/vmtest
 # The oldest kernel, which differs most from the host's (clsact instead of
 # tcx, netlink XDP, no bpf_link updates of TC), runs bpf/, maps/ and test/e2e
 # but the tests of VMTEST_E2E_SKIP, which check the agent's own logic (config
-# reloads, the CLI, the pin lock) and no kernel's. The newer one runs what the
+# reloads, the CLI, the pin lock and directory, the plan's uplink fallback,
+# each with unit tests of its own) and no kernel's. The newer one runs what the
 # host cannot (fq pacing: the host has no sch_fq) and what the kernel shapes
 # (TC egress, GSO and GRO skbs, link updates); each of those loads and
 # verifies the whole data path there. ~23 + ~7 min under TCG.
@@ -209,7 +210,7 @@ VMTEST_BIN := bin/vmtest
 #: VMTEST_E2E_SKIP=... end-to-end tests VMTEST_ALL's kernels leave to the host (VMTEST_E2E_SKIP=^$ runs them)
 VMTEST_ALL ?= 6.1
 VMTEST_E2E_RUN ?= Pace|EgressLimitAtUplink|TCPSegmentsCounted|RestartMigratesLayout
-VMTEST_E2E_SKIP ?= TestShareFollowsCount|TestReloadWithMissingInterfaceRejectedWhole|TestLimitsSetPickedUpByAgent|TestInvalidConfigKeepsLimits|TestSecondAgentOnPinDirRefused|TestXDPFallbackReloadToNoneRejected|TestLimitsCommands
+VMTEST_E2E_SKIP ?= TestShareFollowsCount|TestReloadWithMissingInterfaceRejectedWhole|TestLimitsSetPickedUpByAgent|TestInvalidConfigKeepsLimits|TestSecondAgentOnPinDirRefused|TestXDPFallbackReloadToNoneRejected|TestLimitsCommands|TestPinDirNotOwnedByRootRefused|TestPinDirNotOnBPFFSRefused|TestEndpointFallsBackToUplink
 
 .PHONY: vmtest deps-vm
 deps-vm: ## install xz-utils (to read the 6.12 kernel's compressed modules) with apt-get if missing (root only)

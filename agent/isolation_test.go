@@ -425,40 +425,6 @@ func TestReconcileShrinkBeforeGrow(t *testing.T) {
 	}
 }
 
-// A limit the prefix tables had no room for is not tried again while no
-// room was freed (a count change costs no classifier build per rejected
-// limit), and is applied in the reconcile that frees room, here by another
-// limit's shrinking.
-func TestReconcileRetriesWhenRoomFrees(t *testing.T) {
-	src := &fakeSource{}
-	src.set(1)
-	a := newTestAgent(t, prefixConfig(
-		[4]any{"aa", 3000, 0, 3000},
-		[4]any{"bb", 1500, 10000, 1500},
-	), src)
-	mustReconcile(t, a)
-	for n := 2; n <= 4; n++ {
-		src.set(n)
-		start := time.Now()
-		mustReconcile(t, a)
-		t.Logf("count %d: reconcile with a rejected limit of 1500 prefixes: %v", n, time.Since(start))
-		if s, _ := statusOf(t, a, "bb"); s.State != "rejected" || s.Enforced {
-			t.Fatalf("count %d: bb %+v, want rejected", n, s)
-		}
-		if l := shareOf(t, a, "aa"); l.Rate != 3000/uint64(n) {
-			t.Errorf("count %d: aa share %d, want %d", n, l.Rate, 3000/n)
-		}
-	}
-	setConfig(t, a, prefixConfig(
-		[4]any{"aa", 3000, 0, 2000},
-		[4]any{"bb", 1500, 10000, 1500},
-	))
-	mustReconcile(t, a)
-	if s, _ := statusOf(t, a, "bb"); s.State != "applied" || !s.Enforced || s.ShareRate != 1500/4 {
-		t.Errorf("after aa shrank: bb %+v, want applied at %d", s, 1500/4)
-	}
-}
-
 // `rlagent status` reads the pins: it lists a rejected limit with its
 // state and note while the agent is down, and an agent that starts on
 // those pins finds its id.

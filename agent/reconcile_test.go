@@ -117,78 +117,10 @@ func lookupID(tb testing.TB, a *Agent, name string) (uint32, bool) {
 	return noID, false
 }
 
-// Shares follow the count; each limit keeps its id; metadata records the
-// global rate and the count.
-func TestReconcileFollowsCount(t *testing.T) {
-	src := &fakeSource{}
-	src.set(1)
-	a := newTestAgent(t, twoLimits, src)
-	mustReconcile(t, a)
-	for _, n := range []int{1, 2, 10, 0, 3} {
-		src.set(n)
-		mustReconcile(t, a)
-		div := uint64(max(n, 1))
-		if l := shareOf(t, a, "dns"); l.Rate != 100000/div || l.Burst != max(10000/div, 1) {
-			t.Errorf("count %d: dns share %d burst %d, want %d and %d", n, l.Rate, l.Burst, 100000/div, 10000/div)
-		}
-		if l := shareOf(t, a, "web"); l.Rate != 30000/div || l.Key != maps.KeySrcIP {
-			t.Errorf("count %d: web share %d key %v", n, l.Rate, l.Key)
-		}
-		m, err := a.dp.Meta(idOf(t, a, "dns"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if m.Name != "dns" || m.GlobalRate != 100000 || m.Replicas != uint32(n) {
-			t.Errorf("count %d: meta %+v", n, m)
-		}
-	}
-	if idOf(t, a, "dns") == idOf(t, a, "web") {
-		t.Fatal("two limits share an id")
-	}
-}
-
-// A limit that does not fit the data path no longer stops the others:
-// isolation_test.go. (A config file that fails validation is still rejected
-// whole, before it reaches reconcile.)
-
-// Removing a limit deletes it; a limit added in the same pass does not take
-// its id (it would inherit the old buckets).
-func TestReconcileRemoveAndAdd(t *testing.T) {
-	src := &fakeSource{}
-	src.set(2)
-	a := newTestAgent(t, twoLimits, src)
-	mustReconcile(t, a)
-	dnsID := idOf(t, a, "dns")
-
-	next, err := v1alpha1.ParseConfig([]byte(`
-interfaces: [lo]
-limits:
-- name: web
-  rate: 30000
-  match: {protocol: tcp, dstPorts: ["80", "443"]}
-  key: src-ip
-- name: ntp
-  rate: 1000
-  match: {protocol: udp, dstPorts: ["123"]}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	a.cfg = next
-	mustReconcile(t, a)
-	if _, ok := lookupID(t, a, "dns"); ok {
-		t.Fatal("removed limit still has an id")
-	}
-	if _, err := a.dp.Limit(dnsID); err == nil {
-		t.Fatal("removed limit still in the data path")
-	}
-	if idOf(t, a, "ntp") == dnsID {
-		t.Fatal("new limit took the id of the limit removed in the same pass")
-	}
-	if l := shareOf(t, a, "ntp"); l.Rate != 500 {
-		t.Fatalf("ntp share %d, want 500", l.Rate)
-	}
-}
+// What the reconcile writes is the applier's tables' (apply_test.go) and
+// the plan's (plan_test.go), which run without root: shares that follow the
+// count, ids, removals, isolation. The tests here and in isolation_test.go
+// keep one test per behaviour against the real data path.
 
 // An unchanged reconcile writes nothing.
 func TestReconcileIdempotent(t *testing.T) {

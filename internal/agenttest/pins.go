@@ -11,8 +11,6 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/rlagent/rlagent/agent"
 )
 
 // Pins is a private BPF filesystem for one agent's pins.
@@ -69,10 +67,12 @@ func (p *Pins) List() []string {
 	return names
 }
 
-// Status runs `bin status --pin-dir pinDir --output json` and returns the
-// limits, and when it ran (the middle of the command's run). It fails tb if
-// the command fails.
-func Status(tb testing.TB, bin, pinDir string) ([]agent.LimitStatus, time.Time) {
+// Status runs `bin status --pin-dir pinDir --output json` and returns what
+// it printed decoded into a T (the caller's []agent.LimitStatus: the
+// harness reads the JSON as a user's script would, and imports nothing of
+// the agent), and when it ran (the middle of the command's run). It fails
+// tb if the command fails.
+func Status[T any](tb testing.TB, bin, pinDir string) (T, time.Time) {
 	tb.Helper()
 	t0 := time.Now()
 	out, err := exec.Command(bin, "status", "--pin-dir", pinDir, "--output", "json").Output()
@@ -84,7 +84,7 @@ func Status(tb testing.TB, bin, pinDir string) ([]agent.LimitStatus, time.Time) 
 		}
 		tb.Fatalf("rlagent status: %v", err)
 	}
-	var st []agent.LimitStatus
+	var st T
 	if err := json.Unmarshal(out, &st); err != nil {
 		tb.Fatalf("rlagent status --output json: %v\n%s", err, out)
 	}

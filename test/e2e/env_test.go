@@ -158,7 +158,7 @@ func (e *env) rlagent(args ...string) (string, error) {
 // when it ran (the middle of the command's run).
 func (e *env) status() ([]agent.LimitStatus, time.Time) {
 	e.t.Helper()
-	return agenttest.Status(e.t, rlagentBin, e.pinDir)
+	return agenttest.Status[[]agent.LimitStatus](e.t, rlagentBin, e.pinDir)
 }
 
 // limit is the status of the test's limit.

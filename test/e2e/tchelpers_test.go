@@ -229,7 +229,7 @@ type counters struct {
 
 func (r *rig) counters() counters {
 	r.t.Helper()
-	st, at := agenttest.Status(r.t, rlagentBin, r.pinDir)
+	st, at := agenttest.Status[[]agent.LimitStatus](r.t, rlagentBin, r.pinDir)
 	c := counters{at: at, limits: make(map[string]agent.LimitStatus)}
 	for _, s := range st {
 		c.limits[s.Name] = s

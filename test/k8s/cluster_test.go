@@ -687,7 +687,7 @@ func (nd *node) limit(t testing.TB, name string) (agent.LimitStatus, bool) {
 // --pin-dir DIR --output json` prints it.
 func (nd *node) statusCLI(t testing.TB, name string) (agent.LimitStatus, bool) {
 	t.Helper()
-	st, _ := agenttest.Status(t, rlagentBin, nd.pins.Dir)
+	st, _ := agenttest.Status[[]agent.LimitStatus](t, rlagentBin, nd.pins.Dir)
 	for _, s := range st {
 		if s.Name == name {
 			return s, true

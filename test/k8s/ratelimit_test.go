@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
+	"github.com/rlagent/rlagent/agent"
 	"github.com/rlagent/rlagent/api/v1alpha1"
 	"github.com/rlagent/rlagent/internal/agenttest"
 	"github.com/rlagent/rlagent/internal/k8stest"
@@ -257,7 +258,7 @@ func TestAgentValidationAndDelete(t *testing.T) {
 	}
 	t.Logf("valid-deleted deleted: %v", a)
 	for i, nd := range c.nodes {
-		st, _ := agenttest.Status(t, rlagentBin, nd.pins.Dir)
+		st, _ := agenttest.Status[[]agent.LimitStatus](t, rlagentBin, nd.pins.Dir)
 		var names []string
 		for _, s := range st {
 			names = append(names, s.Name)
