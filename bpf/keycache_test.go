@@ -13,7 +13,7 @@ import (
 	"github.com/rlagent/rlagent/maps"
 )
 
-// keySet mirrors rl_hash of ratelimit.c for a source-address key: the set of
+// keySet mirrors rl_hash of include/keycache.h for a source-address key: the set of
 // the per-CPU key cache that the bucket of (limit id, generation, addr) takes.
 // If it drifts from the C, TestKeyCacheSetCollision finds no collision in
 // the data path and fails on its CacheBypass check.

@@ -1,0 +1,276 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * The keyed buckets: where each key's bucket is found and how it starts.
+ *
+ * A keyed limit's bucket is one entry of rl_buckets (the shared pool),
+ * found by a hash of the limit, its generation and the key (rl_hash, with
+ * rl_config.seed). Each CPU caches the buckets it uses in rl_key_cache, a
+ * set-associative cache picked by the hash's top bits (rl_key_find), so
+ * that a packet of a key it saw finds its leased tokens without a lookup.
+ * A bucket rl_buckets evicts leaves a tombstone (rl_tombstones): when its
+ * key comes back its bucket starts where the evicted one would be now
+ * (rl_bucket_pool), not full, so an eviction hands out at most one burst.
+ *
+ * Owns: rl_hash, the keys (rl_prefix_key, rl_bucket_key), the cache's
+ * lookup, the tombstones and the creation of a pool. Relies on maps.h
+ * (the maps), bucket.h (the virtual clock) and the packet of parse.h. Which
+ * cache way a packet may take is the decision's (rl_key_victim in
+ * ratelimit.c: it depends on what the packet's other limits hold). Every
+ * function here takes now as an argument and reads no clock.
+ */
+#ifndef RL_KEYCACHE_H
+#define RL_KEYCACHE_H
+
+#include "common.h"
+#include "parse.h"
+#include "maps.h"
+#include "bucket.h"
+
+/* Size of rl_tombstones minus one; set by user space with the map's size. */
+volatile const __u32 rl_tombstone_mask = 65535;
+
+/* The hash of a keyed bucket: picks its cache set (the top bits), its
+ * tombstone and the tombstone's fingerprint. Multiply-shift with a random
+ * multiplier per address half (rl_config.seed, kept with the pins): the top
+ * bits of a product depend on every bit below them through the carries, so
+ * a sender who does not know the seed cannot pick addresses that share a
+ * set. The limit and generation are a term of their own, with a multiplier
+ * of the seed's too, so that two keys cannot share a hash by a choice of
+ * address (XORed into the address bits, address a ^ g ^ g' in generation g'
+ * hashed as a did in g).
+ *
+ * The sum is then mixed (xorshift-multiply, a bijection): without it the
+ * hash is linear, and one address's buckets of two limits (or generations)
+ * differ by a constant that does not depend on the address, so that a pair
+ * of limits whose constant has no high bits (regularly spaced ids or
+ * generations under some seeds; one or two pairs of 128 limits under a
+ * random seed) shares one set for every key, and their buckets evict each other for
+ * every source. Mixed, which keys two limits share a set for is as random
+ * as which keys share one within a limit. */
+static __always_inline __u64 rl_hash(const __u64 seed[2], __u32 id, __u32 gen, const __u32 a[4])
+{
+	__u64 hi = ((__u64)a[0] << 32) | a[1];
+	__u64 lo = ((__u64)a[2] << 32) | a[3];
+	__u64 lg = ((__u64)id << 32) | gen;
+	__u64 h = hi * (seed[0] | 1) + lo * (seed[1] | 1) + lg * ((seed[0] ^ seed[1]) | 1) + (seed[0] >> 1);
+
+	h ^= h >> 32;
+	h *= 0xd6e8feb86659fd93ULL;
+	return h ^ (h >> 32);
+}
+
+#define RL_SET_SHIFT (64 - 12)
+_Static_assert(RL_KEY_CACHE_SETS == 1 << 12, "RL_SET_SHIFT takes 12 bits for the set");
+
+/* An address masked to the limit's prefix of its family. */
+static __always_inline void rl_prefix_key(const struct rl_limit *lim, __u8 family, const __u32 a[4],
+					  __u32 out[4])
+{
+	if (family == 4) {
+		out[2] = a[2];
+		out[3] = a[3] & lim->prefix4;
+	} else {
+		out[0] = a[0] & lim->prefix6[0];
+		out[1] = a[1] & lim->prefix6[1];
+		out[2] = a[2] & lim->prefix6[2];
+		out[3] = a[3] & lim->prefix6[3];
+	}
+}
+
+static __always_inline void rl_bucket_key(const struct rl_limit *lim, const struct pkt *p,
+					  struct rl_bucket_key *k)
+{
+	switch (lim->key_kind) {
+	case RL_KEY_SRC_IP:
+		__builtin_memcpy(k->addr, p->src, sizeof(k->addr));
+		break;
+	case RL_KEY_DST_IP:
+		__builtin_memcpy(k->addr, p->dst, sizeof(k->addr));
+		break;
+	case RL_KEY_SRC_PREFIX:
+		rl_prefix_key(lim, p->family, p->src, k->addr);
+		break;
+	case RL_KEY_DST_PREFIX:
+		rl_prefix_key(lim, p->family, p->dst, k->addr);
+		break;
+	case RL_KEY_DST_PORT:
+		k->addr[0] = p->pclass;
+		k->addr[1] = p->has_ports ? p->dport : 0x10000;
+		break;
+	}
+}
+
+static __always_inline bool rl_key_equal(const struct rl_bucket_key *a,
+					 const struct rl_bucket_key *b)
+{
+	return !((a->limit ^ b->limit) | (a->gen ^ b->gen) |
+		 (a->addr[0] ^ b->addr[0]) | (a->addr[1] ^ b->addr[1]) |
+		 (a->addr[2] ^ b->addr[2]) | (a->addr[3] ^ b->addr[3]));
+}
+
+/* Where a keyed limit's bucket for a packet sits in this CPU's cache. */
+struct rl_key_ref {
+	struct rl_bucket_key k;
+	struct rl_key_set *set;
+	__u64 h;
+	__u32 si;	/* the set */
+	__u32 way;	/* the way holding k, or RL_KEY_CACHE_WAYS */
+};
+
+_Static_assert(RL_KEY_CACHE_WAYS == 2, "rl_key_find and rl_key_victim handle two ways");
+
+static __always_inline bool rl_key_find(const struct rl_limit *lim, __u32 id, const struct pkt *p,
+					const __u64 seed[2], struct rl_key_ref *r)
+{
+	r->k.limit = id;
+	r->k.gen = lim->gen;
+	rl_bucket_key(lim, p, &r->k);
+	r->h = rl_hash(seed, id, lim->gen, r->k.addr);
+	r->si = r->h >> RL_SET_SHIFT;
+	r->set = bpf_map_lookup_elem(&rl_key_cache, &r->si);
+	if (!r->set)
+		return false;
+	if (rl_key_equal(&r->set->way[0].key, &r->k))
+		r->way = 0;
+	else if (rl_key_equal(&r->set->way[1].key, &r->k))
+		r->way = 1;
+	else
+		r->way = RL_KEY_CACHE_WAYS;
+	return true;
+}
+
+/* A keyed bucket's set of rl_tombstones and its fingerprint there. The
+ * hash is mixed once more first: below its top bits (the key cache's set)
+ * a bit of rl_hash depends only on the key's bits below it, so that 768
+ * consecutive IPv4 sources fell into 96 sets. */
+static __always_inline struct rl_tomb_set *rl_tomb_of(__u64 h, __u32 *fp)
+{
+	__u32 tidx;
+
+	h ^= h >> 29;
+	h *= 0xbf58476d1ce4e5b9ULL;
+	h ^= h >> 32;
+	tidx = (__u32)(h >> 32) & rl_tombstone_mask;
+	*fp = (__u32)h | 1;
+	return bpf_map_lookup_elem(&rl_tombstones, &tidx);
+}
+
+_Static_assert(RL_TOMB_WAYS == 4, "rl_tomb_way unrolls four ways");
+
+/* The way of t holding fp, or RL_TOMB_WAYS. */
+static __always_inline __u32 rl_tomb_way(const struct rl_tomb_set *t, __u32 fp)
+{
+	if (t->way[0].fp == fp)
+		return 0;
+	if (t->way[1].fp == fp)
+		return 1;
+	if (t->way[2].fp == fp)
+		return 2;
+	if (t->way[3].fp == fp)
+		return 3;
+	return RL_TOMB_WAYS;
+}
+
+/* The most a bucket can owe, in 2^RL_TOMB_SHIFT ns units, rounded up. */
+#define RL_TOMB_MAX_OWED (((RL_MAX_BURST_SECONDS * NSEC_PER_SEC + RL_MAX_HORIZON_NS) >> RL_TOMB_SHIFT) + 2)
+_Static_assert(RL_TOMB_MAX_OWED < (1ULL << 30), "a debt fits rl_tomb's half range, with room for stale entries");
+
+/* How long until full_at, in 2^RL_TOMB_SHIFT ns units; 0: it is full, or
+ * the entry is stale (older than the wrap, seen as further ahead than any
+ * bucket can owe). */
+static __always_inline __s32 rl_tomb_owes(__u32 full_at, __u64 now)
+{
+	__s32 o = (__s32)(full_at - (__u32)(now >> RL_TOMB_SHIFT));
+
+	return o > 0 && o <= (__s32)RL_TOMB_MAX_OWED ? o : 0;
+}
+
+/* Notes a keyed bucket's state after its pool moved (a lease, a draw, a
+ * reservation): when it will be full again. A bucket notes itself on its
+ * first lease (created: a new bucket, the only chance a key evicted after
+ * every packet gets), and after that only when it owes at least half its
+ * burst: a key within its rate pays nothing for the tombstones (their set
+ * is a cache miss in a large table), and one forgotten owing less gains
+ * less than half a burst when it returns. An earlier note of a larger debt
+ * stands: it says the bucket is full no later than it truly will be. A
+ * bucket keeps its way, or takes one that owes nothing. A way that owes is
+ * never taken: in a set of more buckets that owe than ways, the ones there
+ * stay remembered and the others are forgotten, rather than each
+ * forgetting the other in turn. */
+static __always_inline void rl_tomb_note(__u64 h, const struct rl_pool *pool, const struct rl_params *p,
+					 __u64 now, bool created)
+{
+	__u64 v = rl_vclock(p, now), owed = READ_ONCE_U64(pool->v_empty) + p->burst;
+	__u32 fp, w, full_at;
+	struct rl_tomb_set *t;
+
+	if (owed <= v || (!created && owed < v + p->burst / 2))
+		return;	/* full, or owes less than half its burst */
+	t = rl_tomb_of(h, &fp);
+	if (!t)
+		return;
+	/* Rounded up: a returning key waits at most one unit longer. */
+	full_at = (__u32)((now + rl_accrual_ns(p, owed - v) + (1 << RL_TOMB_SHIFT) - 1) >> RL_TOMB_SHIFT);
+	w = rl_tomb_way(t, fp);
+	if (w >= RL_TOMB_WAYS) {
+		for (int i = 0; i < RL_TOMB_WAYS; i++) {
+			if (!t->way[i].fp || rl_tomb_owes(t->way[i].full_at, now) <= 0) {
+				w = i;
+				break;
+			}
+		}
+		if (w >= RL_TOMB_WAYS)
+			return;	/* every way owes: forgotten */
+		t->way[w & 3].fp = fp;
+	}
+	t->way[w & 3].full_at = full_at;
+}
+
+/* Finds or creates the shared pool of a keyed bucket. A new pool cancels
+ * the cache's (c, if any) wait for the old one (retry_ns), which an
+ * eviction took away.
+ * A new pool for a key this CPU's cache still holds (cached), or whose
+ * fingerprint is still in its tombstone set, is a returning key; one its
+ * tombstone says is not full yet starts as the evicted bucket would be now
+ * (empty until full_at, then full at the limit's rate): v_empty =
+ * V(full_at) - burst. Any other starts full: v_empty 0 is far below V.
+ * *created says whether this call made the pool. */
+static __always_inline struct rl_pool *rl_bucket_pool(const struct rl_bucket_key *k, __u64 h,
+						      struct rl_stats *st, struct rl_cache *c,
+						      bool cached, const struct rl_params *p, __u64 now,
+						      bool *created)
+{
+	struct rl_pool *pool = bpf_map_lookup_elem(&rl_buckets, k);
+	struct rl_pool fresh = {};
+	struct rl_tomb_set *t;
+	__u32 fp, w = RL_TOMB_WAYS;
+
+	if (pool)
+		return pool;
+
+	t = rl_tomb_of(h, &fp);
+	if (t) {
+		w = rl_tomb_way(t, fp);
+		if (w < RL_TOMB_WAYS) {
+			__s32 o = rl_tomb_owes(t->way[w & 3].full_at, now);
+
+			if (o > 0) {
+				__u64 v = rl_vclock(p, now + ((__u64)o << RL_TOMB_SHIFT));
+
+				fresh.v_empty = v > p->burst ? v - p->burst : 0;
+			}
+		}
+	}
+	if (bpf_map_update_elem(&rl_buckets, k, &fresh, BPF_NOEXIST) == 0) {
+		*created = true;
+		if (c)
+			c->retry_ns = 0;
+		if (cached || w < RL_TOMB_WAYS)
+			st->returned_keys++;
+		else
+			st->new_keys++;
+	}
+	return bpf_map_lookup_elem(&rl_buckets, k);
+}
+
+#endif /* RL_KEYCACHE_H */
