@@ -31,74 +31,38 @@ func toMapsLimit(in *v1alpha1.RateLimitSpec, share divide.Share) (maps.Limit, er
 	if l.Rate > maps.MaxRate {
 		return maps.Limit{}, fmt.Errorf("rate: node share %d is above the data path's maximum of %d units/s per node", l.Rate, maps.MaxRate)
 	}
-	switch spec.Unit {
-	case v1alpha1.UnitBytes:
-		l.Unit = maps.Bytes
-	case v1alpha1.UnitPackets:
-		l.Unit = maps.Packets
-	case v1alpha1.UnitConnections:
-		l.Unit = maps.Connections
-	default:
-		return maps.Limit{}, fmt.Errorf("unit: %q is not supported by the data path", spec.Unit)
+	var err error
+	if l.Unit, err = lookup("unit", units, spec.Unit); err != nil {
+		return maps.Limit{}, err
 	}
-	switch spec.Action {
-	case v1alpha1.ActionShadow:
-		l.Action = maps.Shadow
-	case v1alpha1.ActionDrop:
-		l.Action = maps.Drop
-	case v1alpha1.ActionReject:
-		l.Action = maps.Reject
-	case v1alpha1.ActionPace:
-		l.Action = maps.Pace
+	if l.Action, err = lookup("action", actions, spec.Action); err != nil {
+		return maps.Limit{}, err
+	}
+	if l.Action == maps.Pace {
 		l.Horizon = v1alpha1.DefaultHorizon
 		if spec.Horizon != nil {
 			l.Horizon = spec.Horizon.Duration
 		}
-	default:
-		return maps.Limit{}, fmt.Errorf("action: %q is not supported by the data path", spec.Action)
 	}
-	switch spec.Key {
-	case v1alpha1.KeyNone:
-		l.Key = maps.KeyNone
-	case v1alpha1.KeySrcIP:
-		l.Key = maps.KeySrcIP
-	case v1alpha1.KeyDstIP:
-		l.Key = maps.KeyDstIP
-	case v1alpha1.KeyDstPort:
-		l.Key = maps.KeyDstPort
-	case v1alpha1.KeySrcPrefix, v1alpha1.KeyDstPrefix:
-		l.Key = maps.KeySrcPrefix
-		if spec.Key == v1alpha1.KeyDstPrefix {
-			l.Key = maps.KeyDstPrefix
-		}
+	if l.Key, err = lookup("key", keys, spec.Key); err != nil {
+		return maps.Limit{}, err
+	}
+	if l.Key == maps.KeySrcPrefix || l.Key == maps.KeyDstPrefix {
 		// Default gave a prefix key both lengths.
 		l.Prefix4, l.Prefix6 = spec.PrefixLength.IPv4, spec.PrefixLength.IPv6
-	default:
-		return maps.Limit{}, fmt.Errorf("key: %q is not supported by the data path", spec.Key)
 	}
 
 	// Where the limit runs: the caller has resolved endpoints to uplink
 	// where the endpoints have no interface of their own.
-	switch spec.Attach {
-	case v1alpha1.AttachUplink:
-		l.Match.Attach = maps.Uplink
-	case v1alpha1.AttachEndpoints:
-		l.Match.Attach = maps.Endpoints
-	default:
-		return maps.Limit{}, fmt.Errorf("attach: %q is not supported by the data path", spec.Attach)
+	if l.Match.Attach, err = lookup("attach", attaches, spec.Attach); err != nil {
+		return maps.Limit{}, err
 	}
 	m := &spec.Match
-	switch m.Direction {
-	case v1alpha1.DirectionIngress:
-		l.Match.Direction = maps.Ingress
-	case v1alpha1.DirectionEgress:
-		l.Match.Direction = maps.Egress
-	default:
-		return maps.Limit{}, fmt.Errorf("match.direction: %q is not supported by the data path", m.Direction)
+	if l.Match.Direction, err = lookup("match.direction", directions, m.Direction); err != nil {
+		return maps.Limit{}, err
 	}
-	var err error
-	if l.Match.Protocol, err = toMapsProtocol(m.Protocol); err != nil {
-		return maps.Limit{}, fmt.Errorf("match.protocol: %w", err)
+	if l.Match.Protocol, err = lookup("match.protocol", protocols, m.Protocol); err != nil {
+		return maps.Limit{}, err
 	}
 	if l.Match.DstPorts, err = portRanges("match.dstPorts", m.DstPorts); err != nil {
 		return maps.Limit{}, err
@@ -112,19 +76,26 @@ func toMapsLimit(in *v1alpha1.RateLimitSpec, share divide.Share) (maps.Limit, er
 	return l, nil
 }
 
-// toMapsProtocol is the data path's protocol for the config's (defaulted).
-func toMapsProtocol(p v1alpha1.Protocol) (maps.Protocol, error) {
-	switch p {
-	case v1alpha1.ProtocolTCP:
-		return maps.TCP, nil
-	case v1alpha1.ProtocolUDP:
-		return maps.UDP, nil
-	case v1alpha1.ProtocolICMP:
-		return maps.ICMP, nil
-	case v1alpha1.ProtocolAny:
-		return maps.AnyProtocol, nil
+// The data path's value of each of the config's enums: one table each.
+// TestEnumTables fails when a value api/v1alpha1 accepts has none here, or
+// when the data path names a value no config word maps to.
+var (
+	units      = map[v1alpha1.Unit]maps.Unit{v1alpha1.UnitPackets: maps.Packets, v1alpha1.UnitBytes: maps.Bytes, v1alpha1.UnitConnections: maps.Connections}
+	actions    = map[v1alpha1.Action]maps.Action{v1alpha1.ActionDrop: maps.Drop, v1alpha1.ActionShadow: maps.Shadow, v1alpha1.ActionPace: maps.Pace, v1alpha1.ActionReject: maps.Reject}
+	keys       = map[v1alpha1.Key]maps.KeyKind{v1alpha1.KeyNone: maps.KeyNone, v1alpha1.KeySrcIP: maps.KeySrcIP, v1alpha1.KeyDstIP: maps.KeyDstIP, v1alpha1.KeySrcPrefix: maps.KeySrcPrefix, v1alpha1.KeyDstPrefix: maps.KeyDstPrefix, v1alpha1.KeyDstPort: maps.KeyDstPort}
+	attaches   = map[v1alpha1.Attach]maps.Attach{v1alpha1.AttachUplink: maps.Uplink, v1alpha1.AttachEndpoints: maps.Endpoints}
+	directions = map[v1alpha1.Direction]maps.Direction{v1alpha1.DirectionIngress: maps.Ingress, v1alpha1.DirectionEgress: maps.Egress}
+	protocols  = map[v1alpha1.Protocol]maps.Protocol{v1alpha1.ProtocolAny: maps.AnyProtocol, v1alpha1.ProtocolTCP: maps.TCP, v1alpha1.ProtocolUDP: maps.UDP, v1alpha1.ProtocolICMP: maps.ICMP}
+)
+
+// lookup is the data path's value of a config word (defaulted: an empty
+// one is an error too), or an error naming the field.
+func lookup[K ~string, V any](field string, table map[K]V, k K) (V, error) {
+	v, ok := table[k]
+	if !ok {
+		return v, fmt.Errorf("%s: %q is not supported by the data path", field, k)
 	}
-	return 0, fmt.Errorf("%q is not supported by the data path", p)
+	return v, nil
 }
 
 // portRanges parses a list of ports and ranges ("53", "8000-8080").

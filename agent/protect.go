@@ -210,7 +210,7 @@ func protectRules(list []v1alpha1.Protect, apiServer []netip.AddrPort) ([]maps.P
 			r   maps.ProtectRule
 			err error
 		)
-		if r.Protocol, err = toMapsProtocol(p.Protocol); err != nil || r.Protocol == maps.ICMP {
+		if r.Protocol, err = lookup("protocol", protocols, p.Protocol); err != nil || r.Protocol == maps.ICMP {
 			return nil, fmt.Errorf("protect %s: protocol %q is not one of any, tcp, udp", p.Name, p.Protocol)
 		}
 		if r.Peers, err = prefixes("peers", p.Peers); err != nil {

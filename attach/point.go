@@ -22,13 +22,8 @@ const (
 )
 
 func (k Kind) String() string {
-	switch k {
-	case XDP:
-		return "xdp"
-	case TCIngress:
-		return "tc-ingress"
-	case TCEgress:
-		return "tc-egress"
+	if names := [...]string{XDP: "xdp", TCIngress: "tc-ingress", TCEgress: "tc-egress"}; int(k) < len(names) && names[k] != "" {
+		return names[k]
 	}
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
@@ -107,13 +102,8 @@ const (
 )
 
 func (c Change) String() string {
-	switch c {
-	case Created:
-		return "created"
-	case Replaced:
-		return "replaced"
-	case Kept:
-		return "kept"
+	if names := [...]string{Created: "created", Replaced: "replaced", Kept: "kept"}; int(c) < len(names) && names[c] != "" {
+		return names[c]
 	}
 	return fmt.Sprintf("change(%d)", uint8(c))
 }

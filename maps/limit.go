@@ -145,42 +145,36 @@ func (h Hook) Direction() Direction {
 	return Direction(uint8(h) % uint8(bpf.RatelimitRlDirectionRL_DIRECTIONS))
 }
 
-// String names the hook: "uplink-in", "endpoint-out", ...
-func (h Hook) String() string {
-	switch h {
-	case UplinkIn:
-		return "uplink-in"
-	case UplinkOut:
-		return "uplink-out"
-	case EndpointIn:
-		return "endpoint-in"
-	case EndpointOut:
-		return "endpoint-out"
+// The names of the data path's enums, indexed by value: the config
+// file's words (api/v1alpha1 spells them; TestEnumTables checks each
+// layer against the others).
+var (
+	hookNames      = [...]string{UplinkIn: "uplink-in", UplinkOut: "uplink-out", EndpointIn: "endpoint-in", EndpointOut: "endpoint-out"}
+	attachNames    = [...]string{Uplink: "uplink", Endpoints: "endpoints"}
+	directionNames = [...]string{Ingress: "ingress", Egress: "egress"}
+	unitNames      = [...]string{Packets: "packets", Bytes: "bytes", Connections: "connections"}
+	protocolNames  = [...]string{AnyProtocol: "any", TCP: "tcp", UDP: "udp", ICMP: "icmp"}
+	actionNames    = [...]string{Drop: "drop", Shadow: "shadow", Pace: "pace", Reject: "reject"}
+	keyNames       = [...]string{KeyNone: "none", KeySrcIP: "src-ip", KeyDstIP: "dst-ip", KeySrcPrefix: "src-prefix",
+		KeyDstPort: "dst-port", KeyDstPrefix: "dst-prefix"}
+)
+
+// nameOf is v's name in names, or "kind(v)" for a value without one.
+func nameOf[T ~uint8](names []string, v T, kind string) string {
+	if int(v) < len(names) && names[v] != "" {
+		return names[v]
 	}
-	return fmt.Sprintf("hook(%d)", uint8(h))
+	return fmt.Sprintf("%s(%d)", kind, uint8(v))
 }
+
+// String names the hook: "uplink-in", "endpoint-out", ...
+func (h Hook) String() string { return nameOf(hookNames[:], h, "hook") }
 
 // String names the attach point as the config file does.
-func (a Attach) String() string {
-	switch a {
-	case Uplink:
-		return "uplink"
-	case Endpoints:
-		return "endpoints"
-	}
-	return fmt.Sprintf("attach(%d)", uint8(a))
-}
+func (a Attach) String() string { return nameOf(attachNames[:], a, "attach") }
 
 // String names the direction as the config file does.
-func (d Direction) String() string {
-	switch d {
-	case Ingress:
-		return "ingress"
-	case Egress:
-		return "egress"
-	}
-	return fmt.Sprintf("direction(%d)", uint8(d))
-}
+func (d Direction) String() string { return nameOf(directionNames[:], d, "direction") }
 
 // PortRange is an inclusive range of destination ports.
 type PortRange struct{ First, Last uint16 }
@@ -313,66 +307,16 @@ func (l *Limit) clone() Limit {
 }
 
 // String names the unit as the config file does.
-func (u Unit) String() string {
-	switch u {
-	case Packets:
-		return "packets"
-	case Bytes:
-		return "bytes"
-	case Connections:
-		return "connections"
-	}
-	return fmt.Sprintf("unit(%d)", uint8(u))
-}
+func (u Unit) String() string { return nameOf(unitNames[:], u, "unit") }
 
 // String names the protocol as the config file does.
-func (p Protocol) String() string {
-	switch p {
-	case AnyProtocol:
-		return "any"
-	case TCP:
-		return "tcp"
-	case UDP:
-		return "udp"
-	case ICMP:
-		return "icmp"
-	}
-	return fmt.Sprintf("protocol(%d)", uint8(p))
-}
+func (p Protocol) String() string { return nameOf(protocolNames[:], p, "protocol") }
 
 // String names the action as the config file does.
-func (a Action) String() string {
-	switch a {
-	case Drop:
-		return "drop"
-	case Shadow:
-		return "shadow"
-	case Pace:
-		return "pace"
-	case Reject:
-		return "reject"
-	}
-	return fmt.Sprintf("action(%d)", uint8(a))
-}
+func (a Action) String() string { return nameOf(actionNames[:], a, "action") }
 
 // String names the key kind as the config file does.
-func (k KeyKind) String() string {
-	switch k {
-	case KeyNone:
-		return "none"
-	case KeySrcIP:
-		return "src-ip"
-	case KeyDstIP:
-		return "dst-ip"
-	case KeySrcPrefix:
-		return "src-prefix"
-	case KeyDstPort:
-		return "dst-port"
-	case KeyDstPrefix:
-		return "dst-prefix"
-	}
-	return fmt.Sprintf("key(%d)", uint8(k))
-}
+func (k KeyKind) String() string { return nameOf(keyNames[:], k, "key") }
 
 // chunk is how many tokens one CPU leases at a time: about a millisecond of
 // refill, at most burst/(8 x nCPU) so that tokens held in CPU caches stay

@@ -57,18 +57,10 @@ const (
 	Rejected = MetaState(bpf.RatelimitRlMetaStateRL_META_REJECTED)
 )
 
+var metaStateNames = [...]string{Applied: "applied", Clamped: "clamped", Rejected: "rejected"}
+
 // String names the state as status prints it.
-func (s MetaState) String() string {
-	switch s {
-	case Applied:
-		return "applied"
-	case Clamped:
-		return "clamped"
-	case Rejected:
-		return "rejected"
-	}
-	return fmt.Sprintf("state(%d)", uint8(s))
-}
+func (s MetaState) String() string { return nameOf(metaStateNames[:], s, "state") }
 
 const (
 	maxName = len(bpf.RatelimitRlLimitMeta{}.Name)
