@@ -388,6 +388,9 @@ func (a *Agent) reload(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err // stopping: close may have run
 	}
+	// Whatever the outcome, the status writer follows the config in
+	// force (and the count source, restarted or not) when this returns.
+	defer a.configureWriter()
 	old := a.cfg
 	if cfg.PinDir != old.PinDir || cfg.MaxBuckets != old.MaxBuckets {
 		return errors.New("pinDir and maxBuckets take effect on restart only: restore them or restart the agent")
@@ -477,6 +480,15 @@ func loadConfig(opts Options) (*v1alpha1.Config, error) {
 	return cfg, nil
 }
 
+// configureWriter gives the status writer, if one runs, what it takes from
+// the config in force: the count source of the static scope and the demand
+// shares' parameters. Callers hold a.mu.
+func (a *Agent) configureWriter() {
+	if a.writer != nil {
+		a.writer.Configure(a.source, a.cfg.DemandShares)
+	}
+}
+
 // statusLoop reports, after reconciles, what became of each RateLimit on
 // this node (watcher.Reporter: an Event when it is not plainly applied), and
 // runs this agent's candidacy for writing every RateLimit's status
@@ -492,19 +504,10 @@ func (a *Agent) statusLoop(ctx context.Context) {
 	w := watcher.NewStatusWriter(a.k8s, watcher.StatusConfig{
 		Identity: id,
 		Log:      a.log.With("component", "status-writer"),
-		Replicas: func(l v1alpha1.Limit) int {
-			a.mu.Lock()
-			defer a.mu.Unlock()
-			return a.source.Observe(l.Name).Replicas
-		},
-		Demand: func() v1alpha1.DemandShares {
-			a.mu.Lock()
-			defer a.mu.Unlock()
-			return a.cfg.DemandShares
-		},
 	})
 	a.mu.Lock()
 	a.writer = w
+	a.configureWriter()
 	a.mu.Unlock()
 	go w.Run(ctx)
 

@@ -261,13 +261,7 @@ type StatusConfig struct {
 	// stays flat however many nodes there are; the chance that no agent
 	// stands is about e^-Candidates.
 	Candidates int
-	// Replicas is the count a limit of a static scope is divided by, from
-	// the agent's own count source.
-	Replicas func(l v1alpha1.Limit) int
-	// Demand is the demand shares' parameters, as configured now (nil:
-	// the defaults).
-	Demand func() v1alpha1.DemandShares
-	Log    *slog.Logger
+	Log        *slog.Logger
 }
 
 // StatusWriter writes RateLimit status from the agent that holds the Lease.
@@ -279,6 +273,11 @@ type StatusWriter struct {
 	mu      sync.Mutex
 	leading bool
 	queue   workqueue.TypedRateLimitingInterface[string]
+	// What the agent's config says (Configure): the count source of the
+	// limits of a static scope (nil: none counted yet), and the demand
+	// shares' parameters.
+	counts Source
+	params v1alpha1.DemandShares
 
 	// While leading: the nodes' Leases (their demand reports and
 	// verdicts), and the allocator of each demand-shared limit (used by
@@ -304,6 +303,16 @@ func NewStatusWriter(k *Kubernetes, cfg StatusConfig) *StatusWriter {
 	w := &StatusWriter{k: k, cfg: cfg, log: cfg.Log}
 	k.OnChange(w.Changed)
 	return w
+}
+
+// Configure sets what the writer takes from the agent's config: the count
+// source a limit of a static scope is divided by, and the demand shares'
+// parameters. The agent calls it when it starts the writer and after every
+// reload, so that the writer never calls into the agent.
+func (w *StatusWriter) Configure(counts Source, params v1alpha1.DemandShares) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.counts, w.params = counts, params
 }
 
 // candidate reports whether this node stands for election, with desired
@@ -535,8 +544,11 @@ func (w *StatusWriter) sync(ctx context.Context, queue workqueue.TypedRateLimiti
 		case v1alpha1.ScopeNodes, v1alpha1.ScopeService:
 			n = w.k.Observe(name).Replicas
 		default:
-			if w.cfg.Replicas != nil {
-				n = w.cfg.Replicas(l)
+			w.mu.Lock()
+			counts := w.counts
+			w.mu.Unlock()
+			if counts != nil {
+				n = counts.Observe(name).Replicas
 			}
 		}
 		next.Replicas = int32(max(n, 0))
@@ -672,10 +684,9 @@ func (w *StatusWriter) published(name string, r demand.Allocation) {
 
 // demandParams are the demand shares' parameters, defaulted.
 func (w *StatusWriter) demandParams() v1alpha1.DemandShares {
-	var p v1alpha1.DemandShares
-	if w.cfg.Demand != nil {
-		p = w.cfg.Demand()
-	}
+	w.mu.Lock()
+	p := w.params
+	w.mu.Unlock()
 	p.Default()
 	return p
 }
