@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -100,7 +101,7 @@ func (ap *applier) read() (*held, error) {
 // goes.
 func (h *held) ids() map[string]uint32 {
 	out := make(map[string]uint32, len(h.metas))
-	for _, id := range sortedIDs(h.metas) {
+	for _, id := range sortedKeys(h.metas) {
 		name := h.metas[id].Name
 		if cur, ok := out[name]; ok {
 			if _, set := h.limits[cur]; set {
@@ -143,13 +144,14 @@ func (h *held) known() []uint32 {
 	return ids
 }
 
-func sortedIDs[V any](m map[uint32]V) []uint32 {
-	ids := make([]uint32, 0, len(m))
-	for id := range m {
-		ids = append(ids, id)
+// sortedKeys are m's keys, in order.
+func sortedKeys[K cmp.Ordered, V any](m map[K]V) []K {
+	keys := make([]K, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
 	}
-	slices.Sort(ids)
-	return ids
+	slices.Sort(keys)
+	return keys
 }
 
 // pass is one reconcile's bookkeeping.
@@ -280,7 +282,7 @@ func (ap *applier) enforcedVersions(limits []v1alpha1.Limit) map[string]*v1alpha
 // values are the entries held, in id order.
 func (h *held) values() []maps.Limit {
 	out := make([]maps.Limit, 0, len(h.limits))
-	for _, id := range sortedIDs(h.limits) {
+	for _, id := range sortedKeys(h.limits) {
 		out = append(out, h.limits[id])
 	}
 	return out
@@ -290,7 +292,7 @@ func (h *held) values() []maps.Limit {
 // in name order.
 func (ap *applier) points() []placement {
 	var out []placement
-	for _, name := range sortedNames(ap.outcomes) {
+	for _, name := range sortedKeys(ap.outcomes) {
 		out = append(out, ap.outcomes[name].points...)
 	}
 	return out

@@ -138,15 +138,6 @@ func (h *health) readiness() (problems, notes []string) {
 	return problems, notes
 }
 
-func sortedKeys(m map[string]string) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
-}
-
 // serveReady answers 200 "ok" (and the notes) when ready, 503 with the
 // reasons otherwise, one per line.
 func (h *health) serveReady(w http.ResponseWriter, _ *http.Request) {

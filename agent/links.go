@@ -183,15 +183,6 @@ func pacing(limits []maps.Limit) (bool, attach.FQ) {
 	return paced, fq
 }
 
-func sortedNames[V any](m map[string]V) []string {
-	names := make([]string, 0, len(m))
-	for n := range m {
-		names = append(names, n)
-	}
-	slices.Sort(names)
-	return names
-}
-
 // appliedLimits are the limits in the maps. Callers hold a.mu.
 func (a *Agent) appliedLimits() []maps.Limit {
 	ids := a.dp.IDs()

@@ -306,7 +306,7 @@ func endpointQueries(in *planInputs) (addrs []netip.Addr, wide []netip.Prefix) {
 	for i := range in.limits {
 		add(&in.limits[i])
 	}
-	for _, name := range sortedNames(in.enforced) {
+	for _, name := range sortedKeys(in.enforced) {
 		add(in.enforced[name])
 	}
 	slices.SortFunc(addrs, netip.Addr.Compare)

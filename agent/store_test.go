@@ -35,7 +35,7 @@ func newMemStore(room int) *memStore {
 	return &memStore{limits: make(map[uint32]maps.Limit), metas: make(map[uint32]maps.Meta), room: room}
 }
 
-func (s *memStore) IDs() []uint32 { return sortedIDs(s.limits) }
+func (s *memStore) IDs() []uint32 { return sortedKeys(s.limits) }
 
 func (s *memStore) Limit(id uint32) (maps.Limit, error) {
 	l, ok := s.limits[id]

@@ -125,36 +125,7 @@ func (d *Datapath) Metas() (map[uint32]Meta, error) {
 			out[id] = metaOf(v)
 		}
 	}
-	var (
-		cursor ebpf.MapBatchCursor
-		keys   = make([]uint32, MaxLimits)
-		vals   = make([]bpf.RatelimitRlLimitMeta, MaxLimits)
-	)
-	for {
-		n, err := d.objs.RlMeta.BatchLookup(&cursor, keys, vals, nil)
-		for i := range n {
-			add(keys[i], &vals[i])
-		}
-		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			return out, nil
-		}
-		if errors.Is(err, ebpf.ErrNotSupported) {
-			break
-		}
-		if err != nil {
-			return nil, fmt.Errorf("read limit meta: %w", err)
-		}
-	}
-	clear(out)
-	var (
-		id uint32
-		v  bpf.RatelimitRlLimitMeta
-	)
-	it := d.objs.RlMeta.Iterate()
-	for it.Next(&id, &v) {
-		add(id, &v)
-	}
-	if err := it.Err(); err != nil {
+	if err := readAll(d.objs.RlMeta, int(MaxLimits), add, func() { clear(out) }); err != nil {
 		return nil, fmt.Errorf("read limit meta: %w", err)
 	}
 	return out, nil
@@ -207,64 +178,65 @@ func fromUnixNano(ns int64) time.Time {
 // KeyCounts counts the live buckets of every keyed limit.
 func (d *Datapath) KeyCounts() (map[uint32]int, error) {
 	out := make(map[uint32]int)
-	var (
-		cursor ebpf.MapBatchCursor
-		keys   = make([]bpf.RatelimitRlBucketKey, 4096)
-		vals   = make([]bpf.RatelimitRlPool, 4096)
-	)
-	count := func(k bpf.RatelimitRlBucketKey) {
+	count := func(k bpf.RatelimitRlBucketKey, _ *bpf.RatelimitRlPool) {
 		if in, ok := d.limits[k.Limit]; ok && in.entry.Gen == k.Gen {
 			out[k.Limit]++
 		}
 	}
+	if err := readAll(d.objs.RlBuckets, 4096, count, func() { clear(out) }); err != nil {
+		return nil, fmt.Errorf("count buckets: %w", err)
+	}
+	return out, nil
+}
+
+// readAll calls each for every entry of m: in batches of up to batch
+// entries where the kernel has batch lookups, else entry by entry. A
+// kernel without batch lookups of m's type may say so after a first batch:
+// reset is called then, before the entries are read again one by one.
+func readAll[K, V any](m *ebpf.Map, batch int, each func(K, *V), reset func()) error {
+	var (
+		cursor ebpf.MapBatchCursor
+		keys   = make([]K, batch)
+		vals   = make([]V, batch)
+	)
 	for {
-		n, err := d.objs.RlBuckets.BatchLookup(&cursor, keys, vals, nil)
+		n, err := m.BatchLookup(&cursor, keys, vals, nil)
 		for i := range n {
-			count(keys[i])
+			each(keys[i], &vals[i])
 		}
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			return out, nil
+			return nil
 		}
 		if errors.Is(err, ebpf.ErrNotSupported) {
 			break
 		}
 		if err != nil {
-			return nil, fmt.Errorf("count buckets: %w", err)
+			return err
 		}
 	}
-	clear(out)
-	var k bpf.RatelimitRlBucketKey
-	var v bpf.RatelimitRlPool
-	it := d.objs.RlBuckets.Iterate()
+	reset()
+	var (
+		k K
+		v V
+	)
+	it := m.Iterate()
 	for it.Next(&k, &v) {
-		count(k)
+		each(k, &v)
 	}
-	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("count buckets: %w", err)
-	}
-	return out, nil
+	return it.Err()
 }
 
 // MetaIDs lists, in order, the ids whose metadata names a limit: the
 // limits that are set and those the agent records without an entry (a
 // limit it could not apply). IDs lists only the first kind.
 func (d *Datapath) MetaIDs() ([]uint32, error) {
-	var (
-		ids []uint32
-		id  uint32
-		v   bpf.RatelimitRlLimitMeta
-	)
-	if d.objs.RlMeta == nil {
-		return nil, fmt.Errorf("list limit meta: %s is not pinned", bpf.RatelimitMapRlMeta)
+	metas, err := d.Metas()
+	if err != nil {
+		return nil, err
 	}
-	it := d.objs.RlMeta.Iterate()
-	for it.Next(&id, &v) {
-		if v.Name[0] != 0 {
-			ids = append(ids, id)
-		}
-	}
-	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("list limit meta: %w", err)
+	ids := make([]uint32, 0, len(metas))
+	for id := range metas {
+		ids = append(ids, id)
 	}
 	return sortedIDs(ids), nil
 }
