@@ -4,11 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"hash/fnv"
 	"maps"
 	"math"
-	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -246,16 +243,6 @@ func (p *DemandPublisher) write(ctx context.Context, demands map[string]uint64, 
 	return nil
 }
 
-// NodeDemand is one node's report as the allocator reads it: the latest
-// and the one it replaced.
-type NodeDemand struct {
-	Node     string
-	Demands  map[string]uint64
-	Renewed  time.Time
-	Previous map[string]uint64 // nil: none
-	PrevAt   time.Time
-}
-
 // maxReportAge is how long a node's report stands after its Lease's
 // renewTime at most, whatever the Lease's duration says, for the report
 // interval interval: a node writes its report at least every KeepAlive
@@ -274,17 +261,17 @@ func maxReportAge(interval time.Duration) time.Duration { return 20 * interval }
 // demand.ClockSkew ahead of now is not counted (it would stand until its
 // date). A previous report that cannot be read is left out (the latest
 // then counts only once an interval old).
-func parseDemandLease(l *coordinationv1.Lease, now time.Time, maxAge time.Duration) (NodeDemand, bool, error) {
+func parseDemandLease(l *coordinationv1.Lease, now time.Time, maxAge time.Duration) (demand.NodeReport, bool, error) {
 	node, ok := nodeOf(l, now, maxAge)
 	if !ok {
-		return NodeDemand{}, false, nil
+		return demand.NodeReport{}, false, nil
 	}
 	renewed := l.Spec.RenewTime.Time
 	var d map[string]uint64
 	if err := json.Unmarshal([]byte(l.Annotations[annotationDemand]), &d); err != nil {
-		return NodeDemand{}, false, fmt.Errorf("demand lease %s: annotation %s: %w", l.Name, annotationDemand, err)
+		return demand.NodeReport{}, false, fmt.Errorf("demand lease %s: annotation %s: %w", l.Name, annotationDemand, err)
 	}
-	nd := NodeDemand{Node: node, Demands: d, Renewed: renewed}
+	nd := demand.NodeReport{Node: node, Demands: d, Renewed: renewed}
 	if raw, ok := l.Annotations[annotationPrevious]; ok {
 		var p previousReport
 		if err := json.Unmarshal([]byte(raw), &p); err == nil && p.At.Before(&metav1.MicroTime{Time: renewed}) {
@@ -313,34 +300,6 @@ func nodeOf(l *coordinationv1.Lease, now time.Time, maxAge time.Duration) (strin
 		return "", false
 	}
 	return node, true
-}
-
-// counted is one limit's input to a round computed at t: the demand of
-// each node whose Lease holds a report of the limit at least lag old
-// (demand.Counted), a fingerprint of those reports, and the next time a
-// report becomes that old (zero: none will).
-func counted(nodes []NodeDemand, limit string, t time.Time, lag time.Duration) (ds []uint64, fingerprint uint64, next time.Time) {
-	h := fnv.New64a()
-	nodes = slices.SortedFunc(slices.Values(nodes), func(a, b NodeDemand) int { return strings.Compare(a.Node, b.Node) })
-	for _, n := range nodes {
-		var rs []demand.Report
-		if d, ok := n.Demands[limit]; ok {
-			rs = append(rs, demand.Report{Demand: d, At: n.Renewed})
-			if at := n.Renewed.Add(lag); at.After(t) && (next.IsZero() || at.Before(next)) {
-				next = at
-			}
-		}
-		if d, ok := n.Previous[limit]; ok {
-			rs = append(rs, demand.Report{Demand: d, At: n.PrevAt})
-		}
-		r, ok := demand.Counted(t, lag, rs...)
-		if !ok {
-			continue
-		}
-		ds = append(ds, r.Demand)
-		fmt.Fprintf(h, "%s\x00%d\x00%d\x00", n.Node, r.At.UnixNano(), r.Demand)
-	}
-	return ds, h.Sum64(), next
 }
 
 // allocationStatus is a round as the status holds it.

@@ -3,7 +3,6 @@ package watcher
 import (
 	"context"
 	"math"
-	"slices"
 	"testing"
 	"time"
 
@@ -135,38 +134,6 @@ func TestDemandPublisherFailedWrite(t *testing.T) {
 	clock.add(9 * time.Second)
 	if _, err := p.Publish(ctx, []Demand{{"web", 7000, 60}}); err == nil {
 		t.Fatal("an interval after the failure: no attempt")
-	}
-}
-
-// TestCountedReports: a round counts, of each node, the latest report
-// its Lease holds that is an interval old, and says when the next one
-// will be.
-func TestCountedReports(t *testing.T) {
-	t0 := time.Unix(1000, 0)
-	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
-	nodes := []NodeDemand{
-		{Node: "b", Demands: map[string]uint64{"web": 3000}, Renewed: at(0)},
-		{Node: "a", Demands: map[string]uint64{"web": 7000, "api": 50}, Renewed: at(8), Previous: map[string]uint64{"web": 6000}, PrevAt: at(-5)},
-		{Node: "c", Demands: map[string]uint64{"web": 0, "api": 2000}, Renewed: at(9)},
-		{Node: "d", Demands: map[string]uint64{"api": 10}, Renewed: at(-20)},
-	}
-	ds, fp, next := counted(nodes, "web", at(10), 10*time.Second)
-	// a's latest is 2 s old: its previous counts; c has none old enough.
-	if !slices.Equal(ds, []uint64{6000, 3000}) || !next.Equal(at(18)) {
-		t.Errorf("web at 10 s: %v, next at %v; want [6000 3000] (a's previous, b), next at 18 s", ds, next.Sub(t0))
-	}
-	ds2, fp2, next2 := counted(nodes, "web", at(19), 10*time.Second)
-	if !slices.Equal(ds2, []uint64{7000, 3000, 0}) || !next2.IsZero() || fp2 == fp {
-		t.Errorf("web at 19 s: %v, next at %v, fingerprint changed %v; want [7000 3000 0], none, changed", ds2, next2, fp2 != fp)
-	}
-	if ds, _, _ := counted(nodes, "api", at(10), 10*time.Second); !slices.Equal(ds, []uint64{10}) {
-		t.Errorf("api at 10 s: %v, want only d's (a's and c's are too new)", ds)
-	}
-	// The Lease's order does not change the fingerprint.
-	rev := slices.Clone(nodes)
-	slices.Reverse(rev)
-	if _, fp4, _ := counted(rev, "web", at(19), 10*time.Second); fp4 != fp2 {
-		t.Error("the fingerprint depends on the order of the Leases")
 	}
 }
 

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
-	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -593,7 +592,7 @@ func (w *StatusWriter) allocate(queue workqueue.TypedRateLimitingInterface[strin
 	// To the second, as the status holds it: the nodes apply Counted to
 	// the time they read.
 	now := time.Now().Truncate(time.Second)
-	var nodes []NodeDemand
+	var nodes []demand.NodeReport
 	for _, obj := range leases.GetStore().List() {
 		lease, ok := obj.(*coordinationv1.Lease)
 		if !ok {
@@ -615,21 +614,8 @@ func (w *StatusWriter) allocate(queue workqueue.TypedRateLimitingInterface[strin
 	// change is served in about a report interval (the lag, then the
 	// release round), and writes stay at most two a report interval.
 	round := p.Interval.Duration / 2
-	ds, fingerprint, countable := counted(nodes, l.Name, now, round)
-	var asked uint64
-	for _, d := range ds {
-		if asked > math.MaxUint64-d {
-			asked = math.MaxUint64 // saturates: a hostile report cannot wrap it
-		} else {
-			asked += d
-		}
-	}
-	// The floor divides by the nodes counted or the count, whichever is
-	// more: a node then finds it at most its equal share (demand.Check),
-	// and the nodes not counted yet take no more than their equal shares'
-	// floorPerMille together.
-	floor := l.Rate * uint64(*p.FloorPerMille) / 1000 / uint64(max(1, len(ds), int(next.Replicas)))
-	level := demand.Allocate(l.Rate, floor, ds)
+	in := demand.Round(nodes, l.Name, l.Rate, *p.FloorPerMille, int(next.Replicas), now, round)
+	ds, countable := in.Demands, in.Countable
 
 	w.mu.Lock()
 	a := w.allocs[l.Name]
@@ -641,7 +627,7 @@ func (w *StatusWriter) allocate(queue workqueue.TypedRateLimitingInterface[strin
 		w.allocs[l.Name] = a
 	}
 	a.Interval, a.KeepAlive = round, p.StaleAfter.Duration/3
-	r, write, again := a.Next(level, fingerprint, now)
+	r, write, again := a.Next(in.Level, in.Fingerprint, now)
 	if len(ds) == 0 {
 		// No node counted yet (a new limit: the first reports are on
 		// their way): the nodes keep what they enforce until a round
@@ -669,7 +655,7 @@ func (w *StatusWriter) allocate(queue workqueue.TypedRateLimitingInterface[strin
 	if !write {
 		return demand.Allocation{}, false
 	}
-	next.Allocation = allocationStatus(r, len(ds), asked)
+	next.Allocation = allocationStatus(r, len(ds), in.Asked)
 	return r, true
 }
 
