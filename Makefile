@@ -27,7 +27,7 @@ BENCHCOUNT ?= 1
 
 # Generated files that are committed (bpf2go output, controller-gen's deepcopy code and CRD);
 # verify-generate fails when regenerating changes them.
-GENERATED := 'bpf/*_bpfel.go' 'bpf/*_bpfel.o' 'bpf/*_bpfeb.go' 'bpf/*_bpfeb.o' api/v1alpha1/zz_generated.deepcopy.go deploy/crd.yaml
+GENERATED := 'bpf/*_bpfel.go' 'bpf/*_bpfel.o' 'bpf/*_bpfeb.go' 'bpf/*_bpfeb.o' api/v1alpha1/zz_generated.deepcopy.go deploy/crd.yaml client
 
 # Debian packages that provide clang, llvm-strip and <bpf/bpf_helpers.h>.
 BPF_PACKAGES := clang llvm libbpf-dev
@@ -76,12 +76,23 @@ deps-test: ## install the tools the privileged tests run (nft, package nftables)
 	echo 'deps-test: installing $(TEST_PACKAGES)'; \
 	apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $(TEST_PACKAGES)
 
-generate: deps-bpf ## regenerate bpf/ (bpf2go), the api/ deepcopy code and deploy/crd.yaml (controller-gen)
-	$(GO) generate ./bpf/...
-	$(GO) tool -modfile=hack/tools/go.mod controller-gen object paths=./api/... crd paths=./api/... output:crd:stdout > deploy/crd.yaml.tmp \
-		&& mv deploy/crd.yaml.tmp deploy/crd.yaml || { rm -f deploy/crd.yaml.tmp; exit 1; }
+# The RateLimit clientset, listers and informers (client/), generated from
+# api/v1alpha1 by k8s.io/code-generator (hack/tools pins the release).
+TOOL := $(GO) tool -modfile=hack/tools/go.mod
+MODULE := github.com/rlagent/rlagent
 
-verify-generate: generate ## fail if regenerating changes the committed generated files in bpf/, api/ or deploy/ (run in CI)
+generate: deps-bpf ## regenerate bpf/ (bpf2go), the api/ deepcopy code, deploy/crd.yaml (controller-gen) and client/ (code-generator)
+	$(GO) generate ./bpf/...
+	$(TOOL) controller-gen object paths=./api/... crd paths=./api/... output:crd:stdout > deploy/crd.yaml.tmp \
+		&& mv deploy/crd.yaml.tmp deploy/crd.yaml || { rm -f deploy/crd.yaml.tmp; exit 1; }
+	rm -rf client
+	$(TOOL) client-gen --go-header-file /dev/null --input-base $(MODULE) --input api/v1alpha1 \
+		--clientset-name versioned --fake-clientset=false --output-dir client/clientset --output-pkg $(MODULE)/client/clientset
+	$(TOOL) lister-gen --go-header-file /dev/null --output-dir client/listers --output-pkg $(MODULE)/client/listers $(MODULE)/api/v1alpha1
+	$(TOOL) informer-gen --go-header-file /dev/null --versioned-clientset-package $(MODULE)/client/clientset/versioned \
+		--listers-package $(MODULE)/client/listers --output-dir client/informers --output-pkg $(MODULE)/client/informers $(MODULE)/api/v1alpha1
+
+verify-generate: generate ## fail if regenerating changes the committed generated files in bpf/, api/, deploy/ or client/ (run in CI)
 	@if ! git diff --exit-code --stat -- $(GENERATED); then \
 		echo 'verify-generate: `make generate` changed committed generated files (listed above).' >&2; \
 		echo 'verify-generate: commit the regenerated files; for bpf/, also check that your clang matches the one CI uses ('"$$(clang --version | head -n1)"' here).' >&2; \

@@ -819,3 +819,98 @@ func TestDeployStatusPolicy(t *testing.T) {
 		}
 	}
 }
+
+// TestCRDDecodes checks that every object the API server admits decodes
+// into the Go types: every integer field of the RateLimit (spec and status)
+// has a schema whose minimum and maximum fit the Go type. The agents read
+// RateLimits through a typed client, which decodes a list whole: one object
+// with a value its Go field cannot hold (a negative status.allocation.demand
+// written by a compromised status writer, a rate above 2^32 in a uint32
+// field) would fail every agent's list and watch, and with them the updates
+// that would carry the fix.
+func TestCRDDecodes(t *testing.T) {
+	crd := readDeployment(t).crd
+	versions, _ := path(crd, "spec", "versions").([]any)
+	if len(versions) != 1 {
+		t.Fatalf("%d versions, want 1", len(versions))
+	}
+	root, _ := path(versions[0], "schema", "openAPIV3Schema").(map[string]any)
+	checked := 0
+	var walk func(at string, typ reflect.Type, schema map[string]any)
+	walk = func(at string, typ reflect.Type, schema map[string]any) {
+		for typ.Kind() == reflect.Pointer {
+			typ = typ.Elem()
+		}
+		if schema == nil {
+			t.Errorf("%s: no schema for the Go field (%s)", at, typ)
+			return
+		}
+		switch typ.Kind() {
+		case reflect.Struct:
+			if typ.PkgPath() != reflect.TypeFor[RateLimit]().PkgPath() {
+				return // metav1's types: the API server's own
+			}
+			props, _ := schema["properties"].(map[string]any)
+			for i := range typ.NumField() {
+				f := typ.Field(i)
+				name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+				if f.Anonymous && name == "" {
+					walk(at, f.Type, schema)
+					continue
+				}
+				if name == "" || name == "-" {
+					continue
+				}
+				sub, _ := props[name].(map[string]any)
+				walk(at+"."+name, f.Type, sub)
+			}
+		case reflect.Slice:
+			if typ.Elem().Kind() != reflect.Uint8 {
+				sub, _ := schema["items"].(map[string]any)
+				walk(at+"[]", typ.Elem(), sub)
+			}
+		case reflect.Map:
+			sub, _ := schema["additionalProperties"].(map[string]any)
+			walk(at+"{}", typ.Elem(), sub)
+		case reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64, reflect.Int,
+			reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uint:
+			checked++
+			lo, hi := intRange(typ)
+			minimum, hasMin := number(schema["minimum"])
+			maximum, hasMax := number(schema["maximum"])
+			if lo > -(1<<63) && (!hasMin || minimum < lo) {
+				t.Errorf("%s (%s): minimum %v (set %v), want at least %v", at, typ, minimum, hasMin, lo)
+			}
+			if hi < 1<<63-1 && (!hasMax || maximum > hi) {
+				t.Errorf("%s (%s): maximum %v (set %v), want at most %v", at, typ, maximum, hasMax, hi)
+			}
+		}
+	}
+	walk("", reflect.TypeFor[RateLimit](), root)
+	if checked < 10 {
+		t.Errorf("checked %d integer fields: the walk lost its way", checked)
+	}
+}
+
+// intRange is the range of an integer type, bounded by int64's (the
+// largest integer the API server stores).
+func intRange(typ reflect.Type) (lo, hi float64) {
+	bits := typ.Bits()
+	switch typ.Kind() {
+	case reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uint:
+		return 0, min(float64(uint64(1)<<bits-1), 1<<63-1)
+	}
+	return -float64(uint64(1) << (bits - 1)), float64(uint64(1)<<(bits-1) - 1)
+}
+
+func number(v any) (float64, bool) {
+	switch n := v.(type) {
+	case float64:
+		return n, true
+	case int64:
+		return float64(n), true
+	case int:
+		return float64(n), true
+	}
+	return 0, false
+}

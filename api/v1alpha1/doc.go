@@ -15,6 +15,8 @@
 // This package is a leaf: it imports nothing from rlagent. The agent converts
 // a validated RateLimitSpec, together with a replica count, into the data
 // path's maps.Limit (the node's share of the global rate and burst).
+//
+// +groupName=rlagent.io
 package v1alpha1
 
 // The API group and version of the RateLimit custom resource.

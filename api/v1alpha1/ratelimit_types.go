@@ -61,6 +61,8 @@ const (
 // every namespace shares. A namespaced RateLimit would let a tenant with
 // rights in one namespace limit the traffic of every other tenant.
 //
+// +genclient
+// +genclient:nonNamespaced
 // +kubebuilder:object:generate=true
 // +kubebuilder:object:root=true
 // +kubebuilder:resource:scope=Cluster,path=ratelimits,singular=ratelimit,shortName=rl
@@ -102,6 +104,7 @@ type RateLimitStatus struct {
 	// observe it: the ready agents with scope nodes, the ready endpoints of
 	// the Service with scope service. A count below 1 is enforced as 1.
 	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=2147483647
 	// +optional
 	Replicas int32 `json:"replicas"`
 
@@ -130,6 +133,10 @@ type RateLimitStatus struct {
 // the last round's (an increase waits one round, until every node has
 // applied the round that made room for it).
 //
+// Every number has the bounds of its Go type in the schema: the agents
+// decode RateLimits with a typed client, a list at a time, and one value
+// out of range would stop every agent's updates.
+//
 // +kubebuilder:object:generate=true
 type Allocation struct {
 	// Round counts the allocations published; a node steps its share once
@@ -138,15 +145,20 @@ type Allocation struct {
 
 	// Water is the most a node gets, units/s; absent when every node gets
 	// all it asks for (the demands fit the rate).
+	// +kubebuilder:validation:Minimum=0
 	// +optional
 	Water *uint64 `json:"water,omitempty"`
 
 	// Floor is the least a node gets, units/s, asked for or not.
+	// +kubebuilder:validation:Minimum=0
 	Floor uint64 `json:"floor"`
 
 	// Nodes is how many nodes' reports the round counted, and Demand what
 	// they asked for together, units/s.
-	Nodes  int32  `json:"nodes"`
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=2147483647
+	Nodes int32 `json:"nodes"`
+	// +kubebuilder:validation:Minimum=0
 	Demand uint64 `json:"demand"`
 
 	// Time is when the round was computed (to the second). Its age says
