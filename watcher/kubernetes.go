@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"maps"
 	"net/netip"
 	"reflect"
 	"slices"
@@ -18,17 +17,18 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/rlagent/rlagent/api/v1alpha1"
+	"github.com/rlagent/rlagent/client/clientset/versioned"
+	rlinformers "github.com/rlagent/rlagent/client/informers/externalversions"
+	rllisters "github.com/rlagent/rlagent/client/listers/api/v1alpha1"
 	"github.com/rlagent/rlagent/demand"
 )
 
@@ -37,8 +37,9 @@ var RateLimitResource = v1alpha1.RateLimitResource
 
 // KubernetesConfig configures the Kubernetes source.
 type KubernetesConfig struct {
-	Client  kubernetes.Interface
-	Dynamic dynamic.Interface
+	Client kubernetes.Interface
+	// RateLimits is the generated clientset of the RateLimit resource.
+	RateLimits versioned.Interface
 	// NodeName is this node (from the downward API): the service scope
 	// counts the endpoints on it.
 	NodeName string
@@ -69,9 +70,11 @@ type EndpointPort struct {
 }
 
 // Kubernetes is the count source of a cluster, and the source of the limits
-// themselves: RateLimit objects. It follows sample-controller: informers
-// and listers, event handlers that only enqueue a key, caches synced before
-// any work, and a sync that reads from the listers and never mutates them.
+// themselves: RateLimit objects. It follows sample-controller: the
+// generated clientset, informer and lister of RateLimits, event handlers
+// that only enqueue an object's key, caches synced before any work, and a
+// sync per key that reads from the listers, never mutates what they hold,
+// and returns its errors so that the queue retries the key with backoff.
 //
 // It watches three things, each as narrowly as the API allows, so that what
 // an agent receives does not grow with the cluster: every RateLimit; the
@@ -89,7 +92,9 @@ type Kubernetes struct {
 	queue  workqueue.TypedRateLimitingInterface[string]
 	health *watchHealth
 
+	rlFactory  rlinformers.SharedInformerFactory
 	rlInformer cache.SharedIndexInformer
+	rlLister   rllisters.RateLimitLister
 	dsInformer cache.SharedIndexInformer
 	slices     sliceWatch
 
@@ -132,23 +137,35 @@ func NewKubernetes(cfg KubernetesConfig) *Kubernetes {
 		queue:   workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
 		limits:  make(map[string]v1alpha1.Limit),
 		invalid: make(map[string]error),
+		allocs:  make(map[string]demand.Allocation),
 		obs:     make(map[string]Observation),
 		local:   make(map[string][]Endpoint),
 		ports:   make(map[string][]EndpointPort),
 	}
 	k.health = newWatchHealth(cfg.Log, cfg.Probe, cfg.ProbeInterval, k.healthChanged)
 
-	rls := cfg.Dynamic.Resource(RateLimitResource)
-	k.rlInformer = k.informer("ratelimits", &unstructured.Unstructured{}, listOf(rls.List), rls.Watch, nil, nil)
+	// The factory's RateLimit informer, built by informer(): its lists
+	// and watches date the observations (watchHealth).
+	k.rlFactory = rlinformers.NewSharedInformerFactory(cfg.RateLimits, cfg.Resync)
+	k.rlFactory.InformerFor(&v1alpha1.RateLimit{}, func(c versioned.Interface, _ time.Duration) cache.SharedIndexInformer {
+		rls := c.RlagentV1alpha1().RateLimits()
+		return k.informer("ratelimits", &v1alpha1.RateLimit{}, listOf(rls.List), rls.Watch, nil, nil)
+	})
+	rl := k.rlFactory.Rlagent().V1alpha1().RateLimits()
+	k.rlInformer, k.rlLister = rl.Informer(), rl.Lister()
 	dss := cfg.Client.AppsV1().DaemonSets(cfg.AgentNamespace)
 	byName := fields.OneTermEqualSelector("metadata.name", cfg.AgentDaemonSet).String()
 	k.dsInformer = k.informer("daemonset", &appsv1.DaemonSet{}, listOf(dss.List), dss.Watch,
 		func(o *metav1.ListOptions) { o.FieldSelector = byName }, nil)
 
 	enqueue := func(key string) { k.queue.Add(key) }
-	k.rlInformer.AddEventHandler(handler(func(any) { enqueue(keyLimits) }))
+	k.rlInformer.AddEventHandler(handler(func(obj any) {
+		if rl, ok := obj.(*v1alpha1.RateLimit); ok {
+			enqueue(keyLimit + rl.Name)
+		}
+	}))
 	k.dsInformer.AddEventHandler(handler(func(any) { enqueue(keyAgents) }))
-	k.slices.swapped = func() { enqueue(keyLimits) }
+	k.slices.swapped = func() { enqueue(keyCounts) }
 	k.slices.handler = handler(func(obj any) {
 		if s, ok := obj.(*discoveryv1.EndpointSlice); ok {
 			if svc := s.Labels[discoveryv1.LabelServiceName]; svc != "" {
@@ -201,10 +218,14 @@ func (k *Kubernetes) healthChanged() {
 // what the informers received so far.
 func (k *Kubernetes) WatchStats() map[string]WatchStats { return k.health.stats() }
 
+// The queue's keys: one RateLimit, the agents' DaemonSet, one Service's
+// EndpointSlices, and every limit's count (after the slices' informer
+// changed, and once the caches synced).
 const (
-	keyLimits  = "ratelimits"
+	keyLimit   = "ratelimit/"
 	keyAgents  = "agents"
 	keyService = "service/"
+	keyCounts  = "counts"
 )
 
 // handler enqueues on every add, update and delete, tombstones included.
@@ -232,23 +253,33 @@ func (k *Kubernetes) Run(ctx context.Context, notify func()) {
 	k.health.mu.Unlock()
 	defer k.queue.ShutDown()
 	defer k.slices.stop()
-	go k.rlInformer.RunWithContext(ctx)
+	defer k.rlFactory.Shutdown()
+	k.rlFactory.Start(ctx.Done())
 	go k.dsInformer.RunWithContext(ctx)
 	if !cache.WaitForCacheSync(ctx.Done(), k.rlInformer.HasSynced, k.dsInformer.HasSynced) {
 		return
 	}
-	// The referenced Services' slices, before the first count: the
-	// limits' first sync starts their informer.
+	// Every limit, and the referenced Services' slices, before the first
+	// count.
 	k.mu.Lock()
-	k.syncLimits()
+	rls, err := k.rlLister.List(labels.Everything())
+	for _, rl := range rls {
+		k.storeLimit(rl.Name, rl)
+	}
+	if err == nil {
+		err = k.watchServices()
+	}
 	k.mu.Unlock()
+	if err != nil {
+		k.log.Warn("the first sync of the limits", "error", err) // their keys are queued: retried
+	}
 	if !cache.WaitForCacheSync(ctx.Done(), k.slices.synced) {
 		return
 	}
 	k.mu.Lock()
 	k.synced = true
 	k.mu.Unlock()
-	k.queue.Add(keyLimits)
+	k.queue.Add(keyCounts)
 	k.queue.Add(keyAgents)
 	go func() {
 		<-ctx.Done()
@@ -272,7 +303,7 @@ func (k *Kubernetes) processNext() bool {
 	}
 	defer k.queue.Done(key)
 	if err := k.sync(key); err != nil {
-		k.log.Error("sync", "key", key, "error", err)
+		k.log.Warn("sync failed; retrying", "key", key, "error", err, "retries", k.queue.NumRequeues(key))
 		k.queue.AddRateLimited(key)
 		return true
 	}
@@ -280,19 +311,31 @@ func (k *Kubernetes) processNext() bool {
 	return true
 }
 
-// sync recomputes what key stands for, from the listers, and notifies if
-// anything changed.
+// sync recomputes what key stands for, from the listers, notifies if
+// anything changed, and returns what failed (the queue retries the key).
 func (k *Kubernetes) sync(key string) error {
 	k.mu.Lock()
 	changed := false
+	var err error
 	switch {
-	case key == keyLimits:
-		changed = k.syncLimits()
-		for name := range k.limits {
+	case strings.HasPrefix(key, keyLimit):
+		name := strings.TrimPrefix(key, keyLimit)
+		var rl *v1alpha1.RateLimit
+		rl, err = k.rlLister.Get(name)
+		if apierrors.IsNotFound(err) {
+			rl, err = nil, nil
+		}
+		if err == nil {
+			changed = k.storeLimit(name, rl)
 			changed = k.syncObservation(name) || changed
+			err = k.watchServices()
 		}
 	case key == keyAgents:
 		changed = k.syncAgents()
+	case key == keyCounts:
+		for name := range k.limits {
+			changed = k.syncObservation(name) || changed
+		}
 	case strings.HasPrefix(key, keyService):
 		svc := strings.TrimPrefix(key, keyService)
 		for name, l := range k.limits {
@@ -311,7 +354,7 @@ func (k *Kubernetes) sync(key string) error {
 			f()
 		}
 	}
-	return nil
+	return err
 }
 
 // OnChange has f called, as Run's notify is, after every change of the
@@ -322,60 +365,71 @@ func (k *Kubernetes) OnChange(f func()) {
 	k.onChange = append(k.onChange, f)
 }
 
-// syncLimits reads the RateLimits and points the slice informer at the
-// Services they reference. Callers hold k.mu.
-func (k *Kubernetes) syncLimits() bool {
-	next := make(map[string]v1alpha1.Limit)
-	invalid := make(map[string]error)
-	allocs := make(map[string]demand.Allocation)
-	for _, obj := range k.rlInformer.GetStore().List() {
-		u, ok := obj.(*unstructured.Unstructured)
-		if !ok {
-			continue
-		}
-		var spec v1alpha1.RateLimitSpec
-		raw, _, _ := unstructured.NestedMap(u.Object, "spec")
-		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(raw, &spec); err != nil {
-			invalid[u.GetName()] = fmt.Errorf("spec: %w", err)
-			continue
-		}
-		spec.Default()
-		if err := spec.Validate("spec"); err != nil {
-			invalid[u.GetName()] = err
-		}
-		next[u.GetName()] = v1alpha1.Limit{Name: u.GetName(), RateLimitSpec: spec}
-		if raw, ok, _ := unstructured.NestedMap(u.Object, "status", "allocation"); ok && spec.Share == v1alpha1.ShareDemand {
-			var a v1alpha1.Allocation
-			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(raw, &a); err == nil {
-				allocs[u.GetName()] = AllocationOf(&a)
-			}
-		}
+// storeLimit records the RateLimit name as rl says (nil: deleted):
+// defaulted and validated, valid or not, with its demand allocation, and
+// reports whether that changed. It never modifies rl, which the lister
+// holds. Callers hold k.mu.
+func (k *Kubernetes) storeLimit(name string, rl *v1alpha1.RateLimit) bool {
+	if rl == nil {
+		_, had := k.limits[name]
+		delete(k.limits, name)
+		delete(k.invalid, name)
+		delete(k.allocs, name)
+		delete(k.obs, name)
+		delete(k.local, name)
+		delete(k.ports, name)
+		return had
 	}
-	changed := !equalLimits(k.limits, next) || !equalErrs(k.invalid, invalid) || !maps.Equal(k.allocs, allocs)
-	k.limits, k.invalid, k.allocs = next, invalid, allocs
-	for name := range k.obs {
-		if _, ok := next[name]; !ok {
-			delete(k.obs, name)
-			delete(k.local, name)
-			delete(k.ports, name)
-		}
+	spec := *rl.Spec.DeepCopy()
+	spec.Default()
+	l := v1alpha1.Limit{Name: name, RateLimitSpec: spec}
+	invalid := spec.Validate("spec")
+	var alloc demand.Allocation
+	if a := rl.Status.Allocation; a != nil && spec.Share == v1alpha1.ShareDemand {
+		alloc = AllocationOf(a)
 	}
-	// Also those of limits the agent rejects: the status says what they
-	// would be divided by.
+	prev, had := k.limits[name]
+	changed := !had || !reflect.DeepEqual(prev.RateLimitSpec, spec) ||
+		fmt.Sprint(k.invalid[name]) != fmt.Sprint(invalid) || k.allocs[name] != alloc
+	k.limits[name] = l
+	if invalid != nil {
+		k.invalid[name] = invalid
+	} else {
+		delete(k.invalid, name)
+	}
+	if alloc != (demand.Allocation{}) {
+		k.allocs[name] = alloc
+	} else {
+		delete(k.allocs, name)
+	}
+	return changed
+}
+
+// watchServices points the slice informer at the Services the limits
+// reference, also those of limits the agent rejects: the status says what
+// they would be divided by. A reference that cannot be a Service's name is
+// logged once, not retried (validation rejects its limit). Callers hold
+// k.mu.
+func (k *Kubernetes) watchServices() error {
+	if k.ctx == nil {
+		return nil
+	}
 	var services []string
-	for _, l := range next {
+	for _, l := range k.limits {
 		if l.Scope == v1alpha1.ScopeService {
 			services = append(services, l.Match.Service)
 		}
 	}
-	if k.ctx != nil {
-		err := k.slices.set(k.ctx, services, k.sliceInformer)
-		if msg := fmt.Sprint(err); err != nil && msg != k.sliceErr {
-			k.log.Warn("some referenced Services' EndpointSlices are not watched", "error", err)
+	bad, err := k.slices.set(k.ctx, services, k.sliceInformer)
+	msg := ""
+	if len(bad) > 0 {
+		msg = fmt.Sprintf("not Service names, not watched: %q", bad)
+		if msg != k.sliceErr {
+			k.log.Warn("some referenced Services' EndpointSlices are not watched", "error", msg)
 		}
-		k.sliceErr = fmt.Sprint(err)
 	}
-	return changed
+	k.sliceErr = msg
+	return err
 }
 
 // syncAgents reads the ready agents from the DaemonSet's status. Callers
@@ -422,7 +476,11 @@ func (k *Kubernetes) syncObservation(name string) bool {
 		o.Local = len(local)
 	default:
 		// static: the agent divides it by its own count source.
-		return false
+		_, had := k.obs[name]
+		delete(k.obs, name)
+		delete(k.local, name)
+		delete(k.ports, name)
+		return had
 	}
 	prev, had := k.obs[name]
 	k.obs[name] = o
@@ -516,32 +574,6 @@ func (k *Kubernetes) LocalEndpoints(limit string) ([]Endpoint, []EndpointPort) {
 	return slices.Clone(k.local[limit]), slices.Clone(k.ports[limit])
 }
 
-func equalLimits(a, b map[string]v1alpha1.Limit) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for n, l := range a {
-		m, ok := b[n]
-		if !ok || !reflect.DeepEqual(l.RateLimitSpec, m.RateLimitSpec) {
-			return false
-		}
-	}
-	return true
-}
-
-func equalErrs(a, b map[string]error) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for n, e := range a {
-		f, ok := b[n]
-		if !ok || e.Error() != f.Error() {
-			return false
-		}
-	}
-	return true
-}
-
 // Allocation is the last round of a demand-shared limit's allocation, as
 // its status holds it (the zero Allocation: none, or not demand-shared).
 func (k *Kubernetes) Allocation(limit string) demand.Allocation {
@@ -550,13 +582,12 @@ func (k *Kubernetes) Allocation(limit string) demand.Allocation {
 	return k.allocs[limit]
 }
 
-// RateLimit returns the RateLimit object as the cache holds it (not to be
+// RateLimit returns the RateLimit object as the lister holds it (not to be
 // modified), or nil.
-func (k *Kubernetes) RateLimit(name string) *unstructured.Unstructured {
-	obj, ok, err := k.rlInformer.GetStore().GetByKey(name)
-	if err != nil || !ok {
+func (k *Kubernetes) RateLimit(name string) *v1alpha1.RateLimit {
+	rl, err := k.rlLister.Get(name)
+	if err != nil {
 		return nil
 	}
-	u, _ := obj.(*unstructured.Unstructured)
-	return u
+	return rl
 }

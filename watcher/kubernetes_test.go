@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
+	"github.com/rlagent/rlagent/client/clientset/versioned"
 	"github.com/rlagent/rlagent/internal/k8stest"
 )
 
@@ -68,13 +69,13 @@ func startSource(t *testing.T, env *k8stest.Env, ns, node string) *source {
 		})
 	})
 	cs := kubernetes.NewForConfigOrDie(cfg)
-	dyn := dynamic.NewForConfigOrDie(cfg)
+	rls := versioned.NewForConfigOrDie(cfg)
 	probe := func(ctx context.Context) error {
 		s.probes.Add(1)
 		return cs.Discovery().RESTClient().Get().AbsPath("/readyz").Do(ctx).Error()
 	}
 	s.k = NewKubernetes(KubernetesConfig{
-		Client: cs, Dynamic: dyn, NodeName: node, AgentNamespace: ns,
+		Client: cs, RateLimits: rls, NodeName: node, AgentNamespace: ns,
 		ProbeInterval: 200 * time.Millisecond, Probe: probe, Log: quietLog(),
 	})
 	ctx, cancel := context.WithCancel(context.Background())

@@ -2,7 +2,6 @@ package watcher
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -71,9 +70,10 @@ func serviceSelector(names []string) (labels.Selector, error) {
 }
 
 // set makes the watched names those of services (namespace/name), starting
-// a new informer if they changed. With no names there is no informer.
-func (s *sliceWatch) set(ctx context.Context, services []string, newInformer func(sel labels.Selector) cache.SharedIndexInformer) error {
-	var names, bad []string
+// a new informer if they changed, and returns the references that cannot be
+// a Service's name (not watched). With no names there is no informer.
+func (s *sliceWatch) set(ctx context.Context, services []string, newInformer func(sel labels.Selector) cache.SharedIndexInformer) (bad []string, err error) {
+	var names []string
 	for _, svc := range services {
 		_, name, _ := strings.Cut(svc, "/")
 		switch {
@@ -86,10 +86,6 @@ func (s *sliceWatch) set(ctx context.Context, services []string, newInformer fun
 		}
 	}
 	slices.Sort(names)
-	var err error
-	if len(bad) > 0 {
-		err = fmt.Errorf("not Service names, not watched: %q", bad)
-	}
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -98,7 +94,7 @@ func (s *sliceWatch) set(ctx context.Context, services []string, newInformer fun
 		want = s.pending.names
 	}
 	if slices.Equal(want, names) {
-		return err
+		return bad, nil
 	}
 	if s.pending != nil {
 		s.pending.cancel()
@@ -109,20 +105,20 @@ func (s *sliceWatch) set(ctx context.Context, services []string, newInformer fun
 			s.cur.cancel()
 		}
 		s.cur, s.names = nil, nil
-		return err
+		return bad, nil
 	}
 	if slices.Equal(s.names, names) {
-		return err // back to what the current informer watches
+		return bad, nil // back to what the current informer watches
 	}
-	sel, serr := serviceSelector(names)
-	if serr != nil {
-		return serr
+	sel, err := serviceSelector(names)
+	if err != nil {
+		return bad, err
 	}
 	ictx, cancel := context.WithCancel(ctx)
 	p := &sliceInformer{names: names, inf: newInformer(sel), cancel: cancel}
-	if _, herr := p.inf.AddEventHandler(s.handler); herr != nil {
+	if _, err := p.inf.AddEventHandler(s.handler); err != nil {
 		cancel()
-		return herr
+		return bad, err
 	}
 	s.pending = p
 	go p.inf.RunWithContext(ictx)
@@ -147,7 +143,7 @@ func (s *sliceWatch) set(ctx context.Context, services []string, newInformer fun
 			s.swapped()
 		}
 	}()
-	return err
+	return bad, nil
 }
 
 // synced reports whether the watched set is the one last asked for.

@@ -17,8 +17,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
@@ -190,7 +188,7 @@ func (r *Reporter) Close() { r.broadcaster.Shutdown() }
 // last reported for obj's generation, or if a problem was last reported
 // reportEvery ago. A node with nothing to report sends nothing, unless it
 // reported a problem before (then Applied, which clears it).
-func (r *Reporter) Report(obj *unstructured.Unstructured, v Verdict, now time.Time) {
+func (r *Reporter) Report(obj *v1alpha1.RateLimit, v Verdict, now time.Time) {
 	reason, message, sev := v.report()
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -508,20 +506,14 @@ func writeFailedLevel(err error, retries int) slog.Level {
 // sync writes one RateLimit's status if it is not what the writer sees.
 func (w *StatusWriter) sync(ctx context.Context, queue workqueue.TypedRateLimitingInterface[string],
 	leases cache.SharedIndexInformer, name string) error {
-	obj, ok, err := w.k.rlInformer.GetStore().GetByKey(name)
-	if err != nil || !ok {
+	cur, err := w.k.rlLister.Get(name)
+	if apierrors.IsNotFound(err) {
+		return nil // deleted: nothing to write
+	}
+	if err != nil {
 		return err
 	}
-	cur, ok := obj.(*unstructured.Unstructured)
-	if !ok {
-		return nil
-	}
-	var old v1alpha1.RateLimitStatus
-	if raw, ok, _ := unstructured.NestedMap(cur.Object, "status"); ok {
-		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(raw, &old); err != nil {
-			old = v1alpha1.RateLimitStatus{} // unreadable: rewritten whole
-		}
-	}
+	old := &cur.Status
 	next := old.DeepCopy()
 	gen := cur.GetGeneration()
 	next.ObservedGeneration = gen
@@ -564,16 +556,12 @@ func (w *StatusWriter) sync(ctx context.Context, queue workqueue.TypedRateLimiti
 		w.mu.Unlock()
 	}
 	meta.SetStatusCondition(&next.Conditions, cond)
-	if equality.Semantic.DeepEqual(&old, next) {
+	if equality.Semantic.DeepEqual(old, next) {
 		return nil
 	}
-	raw, err := runtime.DefaultUnstructuredConverter.ToUnstructured(next)
-	if err != nil {
-		return err
-	}
 	upd := cur.DeepCopy()
-	upd.Object["status"] = raw
-	if _, err = w.k.cfg.Dynamic.Resource(RateLimitResource).UpdateStatus(ctx, upd, metav1.UpdateOptions{}); err != nil {
+	upd.Status = *next
+	if _, err = w.k.cfg.RateLimits.RlagentV1alpha1().RateLimits().UpdateStatus(ctx, upd, metav1.UpdateOptions{}); err != nil {
 		return err
 	}
 	if round != nil {
@@ -682,7 +670,7 @@ func (w *StatusWriter) demandParams() v1alpha1.DemandShares {
 // parseDemandLease accepts it: its node's own, not expired): the worst one
 // stands (ties: the first node by name), with how many other nodes report
 // a problem.
-func (w *StatusWriter) accepted(leases cache.SharedIndexInformer, rl *unstructured.Unstructured, now time.Time) (metav1.ConditionStatus, string, string) {
+func (w *StatusWriter) accepted(leases cache.SharedIndexInformer, rl *v1alpha1.RateLimit, now time.Time) (metav1.ConditionStatus, string, string) {
 	p := w.demandParams()
 	type report struct{ node, reason, message string }
 	var reports []report

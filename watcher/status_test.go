@@ -139,7 +139,7 @@ func TestStatusOneWriter(t *testing.T) {
 	}
 
 	// Node reports, in each node's Lease.
-	cur := func() *unstructured.Unstructured { return agents[0].k.RateLimit("one-writer") }
+	cur := func() *v1alpha1.RateLimit { return agents[0].k.RateLimit("one-writer") }
 	report := func(a *agentStatus, v Verdict) {
 		t.Helper()
 		a.rep.Report(cur(), v, time.Now())

@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/rlagent/rlagent/api/v1alpha1"
+	"github.com/rlagent/rlagent/client/clientset/versioned"
 	"github.com/rlagent/rlagent/watcher"
 )
 
@@ -87,12 +88,12 @@ func (c *clusterFlags) source(log *slog.Logger) (*watcher.Kubernetes, error) {
 	if err != nil {
 		return nil, err
 	}
-	dyn, err := dynamic.NewForConfig(cfg)
+	rls, err := versioned.NewForConfig(cfg)
 	if err != nil {
 		return nil, err
 	}
 	return watcher.NewKubernetes(watcher.KubernetesConfig{
-		Client: cs, Dynamic: dyn, NodeName: c.node,
+		Client: cs, RateLimits: rls, NodeName: c.node,
 		AgentNamespace: c.ns, AgentDaemonSet: c.daemonSet, Log: log,
 	}), nil
 }

@@ -21,11 +21,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
 	"github.com/rlagent/rlagent/api/v1alpha1"
+	"github.com/rlagent/rlagent/client/clientset/versioned"
 	"github.com/rlagent/rlagent/internal/k8stest"
 	"github.com/rlagent/rlagent/internal/testenv"
 	"github.com/rlagent/rlagent/watcher"
@@ -170,7 +170,7 @@ func TestScale(t *testing.T) {
 		cfg.QPS, cfg.Burst = 5, 10 // client-go's defaults, as the agent has them
 		a := &simAgent{name: fmt.Sprintf("node-%04d", i)}
 		a.k = watcher.NewKubernetes(watcher.KubernetesConfig{
-			Client: kubernetes.NewForConfigOrDie(cfg), Dynamic: dynamic.NewForConfigOrDie(cfg),
+			Client: kubernetes.NewForConfigOrDie(cfg), RateLimits: versioned.NewForConfigOrDie(cfg),
 			NodeName: a.name, AgentNamespace: ns, AgentDaemonSet: agentDaemonSet, Log: quiet,
 		})
 		a.k.OnChange(a.check)
