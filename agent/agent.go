@@ -19,6 +19,7 @@ import (
 
 	"github.com/rlagent/rlagent/api/v1alpha1"
 	"github.com/rlagent/rlagent/attach"
+	"github.com/rlagent/rlagent/cluster"
 	"github.com/rlagent/rlagent/maps"
 	"github.com/rlagent/rlagent/watcher"
 )
@@ -65,7 +66,7 @@ type Agent struct {
 	source  watcher.Source
 	stopSrc context.CancelFunc
 	k8s     *watcher.Kubernetes
-	writer  *watcher.StatusWriter      // in a cluster, once statusLoop runs
+	writer  *cluster.StatusWriter      // in a cluster, once statusLoop runs
 	ap      applier                    // writes the limits; what became of each (outcomes)
 	pending map[uint32]counterSnap     // counters read at the last tick
 	demand  map[string]*demandState    // share demand: by limit name
@@ -490,18 +491,18 @@ func (a *Agent) configureWriter() {
 }
 
 // statusLoop reports, after reconciles, what became of each RateLimit on
-// this node (watcher.Reporter: an Event when it is not plainly applied), and
+// this node (cluster.Reporter: an Event when it is not plainly applied), and
 // runs this agent's candidacy for writing every RateLimit's status
-// (watcher.StatusWriter), apart from the reconcile loop: an unreachable API
+// (cluster.StatusWriter), apart from the reconcile loop: an unreachable API
 // server must not hold up enforcement.
 func (a *Agent) statusLoop(ctx context.Context) {
-	rep := watcher.NewReporter(a.k8s)
+	rep := cluster.NewReporter(a.k8s)
 	defer rep.Close()
 	id := a.opts.Identity
 	if id == "" {
 		id, _ = os.Hostname()
 	}
-	w := watcher.NewStatusWriter(a.k8s, watcher.StatusConfig{
+	w := cluster.NewStatusWriter(a.k8s, cluster.StatusConfig{
 		Identity: id,
 		Log:      a.log.With("component", "status-writer"),
 	})
@@ -530,7 +531,7 @@ func (a *Agent) statusLoop(ctx context.Context) {
 			if obj == nil || invalid[l.Name] != nil {
 				continue
 			}
-			var v watcher.Verdict
+			var v cluster.Verdict
 			a.mu.Lock()
 			// What became of the limit on this node (nothing if it has no
 			// endpoint here).

@@ -6,16 +6,16 @@ import (
 	"time"
 
 	"github.com/rlagent/rlagent/api/v1alpha1"
+	"github.com/rlagent/rlagent/cluster"
 	"github.com/rlagent/rlagent/demand"
 	"github.com/rlagent/rlagent/maps"
-	"github.com/rlagent/rlagent/watcher"
 )
 
 // Demand shares (share: demand), this node's part: measure the limit's
 // demand from the counters the data path keeps, report it (the demand
 // Lease, demandLoop), and enforce the share the allocation in the
 // RateLimit's status gives it (demand.Node). The allocation itself is the
-// elected status writer's (watcher.StatusWriter).
+// elected status writer's (cluster.StatusWriter).
 
 // demandState is one demand-shared limit's state on this node.
 type demandState struct {
@@ -73,7 +73,7 @@ func (a *Agent) stepDemand(now time.Time) bool {
 			a.demand[l.Name] = st
 		}
 		// The rounds' interval, and a report's lag, are half the report
-		// interval (as the allocator's: watcher.StatusWriter).
+		// interval (as the allocator's: cluster.StatusWriter).
 		st.node.Interval, st.node.StaleAfter = p.Interval.Duration/2, p.StaleAfter.Duration
 		st.node.Bounds = demand.Bounds{Rate: l.Rate, Count: obs.Replicas, FloorPerMille: *p.FloorPerMille}
 		st.equal = equal
@@ -183,7 +183,11 @@ func (a *Agent) demandLoop(ctx context.Context) {
 	a.mu.Lock()
 	p := a.demandParams()
 	a.mu.Unlock()
-	pub := a.k8s.DemandPublisher(watcher.DemandConfig{Interval: p.Interval.Duration, Moved: demandMoved})
+	kc := a.k8s.Config()
+	pub := cluster.NewDemandPublisher(cluster.DemandConfig{
+		Client: kc.Client, Namespace: kc.AgentNamespace, Node: kc.NodeName,
+		Interval: p.Interval.Duration, Moved: demandMoved,
+	})
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	var failing bool
@@ -198,7 +202,7 @@ func (a *Agent) demandLoop(ctx context.Context) {
 		p := a.demandParams()
 		pub.Configure(p.Interval.Duration, 10*p.Interval.Duration)
 		published := pub.Published()
-		var ds []watcher.Demand
+		var ds []cluster.Demand
 		rates := a.enforcedRates()
 		for name, st := range a.demand {
 			if rates[name] == 0 {
@@ -213,11 +217,11 @@ func (a *Agent) demandLoop(ctx context.Context) {
 				// until it settles, or for an interval.
 				rate = float64(old)
 			}
-			ds = append(ds, watcher.Demand{Limit: name, Rate: rate, Threshold: max(1, float64(st.equal)/100)})
+			ds = append(ds, cluster.Demand{Limit: name, Rate: rate, Threshold: max(1, float64(st.equal)/100)})
 		}
 		a.mu.Unlock()
 		// Also without demands: the Lease carries the node's verdicts too
-		// (watcher.Reporter), and its keep-alives keep them standing.
+		// (cluster.Reporter), and its keep-alives keep them standing.
 		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		w, err := pub.Publish(wctx, ds)
 		cancel()

@@ -15,13 +15,9 @@
 // asks the API server nothing beyond its watches while they work
 // (watchHealth dates the observations from them).
 //
-// In a cluster the RateLimits' status has one writer: StatusWriter, on the
-// agent that holds the Lease rlagent-status, which also allocates the
-// demand shares. Every agent writes its own Lease, rlagent-demand-NODE
-// (DemandPublisher): its demands and its verdicts on each limit (Reporter),
-// which the writer reads into the allocation and the Accepted condition.
-// Events are output only: the writer records them for people; nothing
-// reads them back.
+// The package reads; it writes nothing to the cluster. What an agent
+// writes there (the RateLimits' status, its node's Lease, Events) is
+// cluster/'s, which reads the limits and counts from here.
 //
 // APIServer is not a count source: it follows the addresses and ports the
 // agent's own API server connection carries (the endpoints of the Service

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/netip"
 	"reflect"
 	"slices"
@@ -213,6 +214,14 @@ func (k *Kubernetes) healthChanged() {
 		notify()
 	}
 }
+
+// Config is the configuration k runs with, its defaults applied: the
+// clients, this node's name and the agents' namespace, for the packages
+// that write what k reads (cluster/).
+func (k *Kubernetes) Config() KubernetesConfig { return k.cfg }
+
+// RateLimits is the lister of the RateLimit objects (not to be modified).
+func (k *Kubernetes) RateLimits() rllisters.RateLimitLister { return k.rlLister }
 
 // WatchStats returns, by informer (ratelimits, daemonset, endpointslices),
 // what the informers received so far.
@@ -590,4 +599,16 @@ func (k *Kubernetes) RateLimit(name string) *v1alpha1.RateLimit {
 		return nil
 	}
 	return rl
+}
+
+// AllocationOf is the round a status holds (the zero Allocation: none).
+func AllocationOf(a *v1alpha1.Allocation) demand.Allocation {
+	if a == nil {
+		return demand.Allocation{}
+	}
+	r := demand.Allocation{Round: a.Round, Level: demand.Level{Water: math.MaxUint64, Floor: a.Floor}, Nodes: a.Nodes, Time: a.Time.Time}
+	if a.Water != nil {
+		r.Level.Water = *a.Water
+	}
+	return r
 }

@@ -17,7 +17,6 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
@@ -34,18 +33,6 @@ import (
 // names its own and deletes them when it ends.
 
 func TestMain(m *testing.M) { os.Exit(k8stest.RunShared(m)) }
-
-// waitUntil polls cond until it holds, failing t after 15 s.
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("waited 15 s for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
 
 // source is one agent's Kubernetes source on env, with its own clients,
 // whose requests it counts.
@@ -82,36 +69,13 @@ func startSource(t *testing.T, env *k8stest.Env, ns, node string) *source {
 	s.cancel = cancel
 	go func() { s.k.Run(ctx, func() { s.notes.Add(1) }); close(s.done) }()
 	t.Cleanup(s.stop)
-	waitUntil(t, node+"'s caches to sync", s.k.Synced)
+	k8stest.WaitUntil(t, node+"'s caches to sync", s.k.Synced)
 	return s
 }
 
 func (s *source) stop() {
 	s.cancel()
 	<-s.done
-}
-
-func rateLimit(name string, spec map[string]any) *unstructured.Unstructured {
-	return &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": "rlagent.io/v1alpha1", "kind": "RateLimit",
-		"metadata": map[string]any{"name": name}, "spec": spec,
-	}}
-}
-
-// createRL creates a RateLimit and deletes it when the test ends.
-func createRL(t *testing.T, env *k8stest.Env, u *unstructured.Unstructured) *unstructured.Unstructured {
-	t.Helper()
-	rl := dynamic.NewForConfigOrDie(env.Config).Resource(RateLimitResource)
-	got, err := rl.Create(context.Background(), u, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatalf("create RateLimit %s: %v", u.GetName(), err)
-	}
-	t.Cleanup(func() {
-		if err := rl.Delete(context.Background(), u.GetName(), metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-			t.Errorf("delete RateLimit %s: %v", u.GetName(), err)
-		}
-	})
-	return got
 }
 
 func sharedEnv(t *testing.T) *k8stest.Env {
@@ -178,11 +142,11 @@ func TestKubernetesServiceScope(t *testing.T) {
 	}
 	putSlice(t, env, ns, "web", "web-1", 8080, ep("10.0.0.1", "node-a", true), ep("10.0.0.2", "node-b", true), ep("10.0.0.3", "node-a", false))
 	putSlice(t, env, ns, "web", "web-2", 8080, ep("10.0.0.2", "node-b", true), ep("10.0.0.4", "node-a", true))
-	createRL(t, env, rateLimit("svc-scope", map[string]any{
+	env.CreateRateLimit(t, k8stest.RateLimit("svc-scope", map[string]any{
 		"rate": int64(90), "scope": "service", "match": map[string]any{"service": ns + "/web"},
 	}))
 	s := startSource(t, env, ns, "node-a")
-	waitUntil(t, "3 ready endpoints, 2 on node-a", func() bool {
+	k8stest.WaitUntil(t, "3 ready endpoints, 2 on node-a", func() bool {
 		o := s.k.Observe("svc-scope")
 		return o.Replicas == 3 && o.Local == 2
 	})
@@ -204,7 +168,7 @@ func TestKubernetesServiceScope(t *testing.T) {
 	}
 	events := st.Events
 	putSlice(t, env, ns, "web", "web-2", 8080, ep("10.0.0.2", "node-b", true))
-	waitUntil(t, "2 ready endpoints, 1 on node-a", func() bool {
+	k8stest.WaitUntil(t, "2 ready endpoints, 1 on node-a", func() bool {
 		o := s.k.Observe("svc-scope")
 		return o.Replicas == 2 && o.Local == 1
 	})
@@ -232,11 +196,11 @@ func TestKubernetesServiceScopeControllerSlicesOnly(t *testing.T) {
 	putSliceBy(t, env, ns, "shop", "shop-by-hand", "", 8080, ep("10.0.9.1", "node-a", true), ep("10.0.9.2", "node-a", true), ep("10.0.9.3", "node-a", true))
 	putSliceBy(t, env, ns, "shop", "shop-mirrored", "endpointslicemirroring-controller.k8s.io", 8080, ep("10.0.8.1", "node-a", true), ep("10.0.8.2", "node-a", true))
 	putSliceBy(t, env, ns, "shop", "shop-tool", "some-tool.example.com", 9090, ep("10.0.7.1", "node-a", true))
-	createRL(t, env, rateLimit("controller-only", map[string]any{
+	env.CreateRateLimit(t, k8stest.RateLimit("controller-only", map[string]any{
 		"rate": int64(90), "scope": "service", "match": map[string]any{"service": ns + "/shop"},
 	}))
 	s := startSource(t, env, ns, "node-a")
-	waitUntil(t, "shop's slices", func() bool { return s.k.Observe("controller-only").Replicas > 0 })
+	k8stest.WaitUntil(t, "shop's slices", func() bool { return s.k.Observe("controller-only").Replicas > 0 })
 	check := func(when string) {
 		t.Helper()
 		o := s.k.Observe("controller-only")
@@ -259,12 +223,12 @@ func TestKubernetesServiceScopeControllerSlicesOnly(t *testing.T) {
 	putSliceBy(t, env, ns, "shop", "shop-by-hand-2", "", 8080, ep("10.0.6.1", "node-a", true))
 	putSliceBy(t, env, ns, "shop", "shop-mirrored", "endpointslicemirroring-controller.k8s.io", 8080, ep("10.0.8.3", "node-a", true))
 	putSlice(t, env, ns, "shop", "shop-1", 8080, ep("10.0.0.1", "node-a", true), ep("10.0.0.2", "node-b", true), ep("10.0.0.3", "node-b", true))
-	waitUntil(t, "the controller's third endpoint", func() bool { return s.k.Observe("controller-only").Replicas == 3 })
+	k8stest.WaitUntil(t, "the controller's third endpoint", func() bool { return s.k.Observe("controller-only").Replicas == 3 })
 	if got := s.k.WatchStats()["endpointslices"].Events - events; got != 1 {
 		t.Errorf("the agent received %d EndpointSlice events for 3 writes of others' slices and 1 of the controller's, want 1", got)
 	}
 	putSlice(t, env, ns, "shop", "shop-1", 8080, ep("10.0.0.1", "node-a", true), ep("10.0.0.2", "node-b", true))
-	waitUntil(t, "the controller's 2 endpoints again", func() bool { return s.k.Observe("controller-only").Replicas == 2 })
+	k8stest.WaitUntil(t, "the controller's 2 endpoints again", func() bool { return s.k.Observe("controller-only").Replicas == 2 })
 	check("after the changes")
 }
 
@@ -277,9 +241,9 @@ func TestKubernetesSlicesFollowReferences(t *testing.T) {
 	ns := env.Namespace(t)
 	putSlice(t, env, ns, "web", "web-1", 8080, ep("10.0.0.1", "node-a", true), ep("10.0.0.2", "node-b", true))
 	putSlice(t, env, ns, "api", "api-1", 443, ep("10.0.1.1", "node-b", true), ep("10.0.1.2", "node-b", true), ep("10.0.1.3", "node-a", true))
-	createRL(t, env, rateLimit("follow-web", map[string]any{"rate": int64(90), "scope": "service", "match": map[string]any{"service": ns + "/web"}}))
+	env.CreateRateLimit(t, k8stest.RateLimit("follow-web", map[string]any{"rate": int64(90), "scope": "service", "match": map[string]any{"service": ns + "/web"}}))
 	s := startSource(t, env, ns, "node-a")
-	waitUntil(t, "web's 2 endpoints", func() bool { return s.k.Observe("follow-web").Replicas == 2 })
+	k8stest.WaitUntil(t, "web's 2 endpoints", func() bool { return s.k.Observe("follow-web").Replicas == 2 })
 
 	var low atomic.Int64
 	stop := make(chan struct{})
@@ -297,8 +261,8 @@ func TestKubernetesSlicesFollowReferences(t *testing.T) {
 			time.Sleep(time.Millisecond)
 		}
 	})
-	api := createRL(t, env, rateLimit("follow-api", map[string]any{"rate": int64(90), "scope": "service", "match": map[string]any{"service": ns + "/api"}}))
-	waitUntil(t, "api's 3 endpoints", func() bool { return s.k.Observe("follow-api").Replicas == 3 })
+	api := env.CreateRateLimit(t, k8stest.RateLimit("follow-api", map[string]any{"rate": int64(90), "scope": "service", "match": map[string]any{"service": ns + "/api"}}))
+	k8stest.WaitUntil(t, "api's 3 endpoints", func() bool { return s.k.Observe("follow-api").Replicas == 3 })
 	close(stop)
 	wg.Wait()
 	if low.Load() > 0 {
@@ -314,7 +278,7 @@ func TestKubernetesSlicesFollowReferences(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitUntil(t, "no slice informer", func() bool {
+	k8stest.WaitUntil(t, "no slice informer", func() bool {
 		s.k.slices.mu.Lock()
 		defer s.k.slices.mu.Unlock()
 		return s.k.slices.cur == nil && s.k.slices.pending == nil
@@ -327,10 +291,10 @@ func TestKubernetesSlicesFollowReferences(t *testing.T) {
 func TestKubernetesNodesScope(t *testing.T) {
 	env := sharedEnv(t)
 	ns := env.Namespace(t)
-	createRL(t, env, rateLimit("nodes-scope", map[string]any{"rate": int64(90), "scope": "nodes", "match": map[string]any{}}))
-	setDaemonSet(t, env, ns, "rlagent", 3, 3)
+	env.CreateRateLimit(t, k8stest.RateLimit("nodes-scope", map[string]any{"rate": int64(90), "scope": "nodes", "match": map[string]any{}}))
+	env.SetDaemonSetStatus(t, ns, "rlagent", 3, 3)
 	s := startSource(t, env, ns, "node-a")
-	waitUntil(t, "3 ready agents", func() bool { return s.k.Observe("nodes-scope").Replicas == 3 })
+	k8stest.WaitUntil(t, "3 ready agents", func() bool { return s.k.Observe("nodes-scope").Replicas == 3 })
 	if o := s.k.Observe("nodes-scope"); o.Local != 1 {
 		t.Errorf("local %d, want 1", o.Local)
 	}
@@ -338,8 +302,8 @@ func TestKubernetesNodesScope(t *testing.T) {
 	for i := range 5 {
 		setDaemonSet(t, env, ns, "other", int32(i), 9)
 	}
-	setDaemonSet(t, env, ns, "rlagent", 2, 3)
-	waitUntil(t, "2 ready agents", func() bool { return s.k.Observe("nodes-scope").Replicas == 2 })
+	env.SetDaemonSetStatus(t, ns, "rlagent", 2, 3)
+	k8stest.WaitUntil(t, "2 ready agents", func() bool { return s.k.Observe("nodes-scope").Replicas == 2 })
 	if got := s.k.WatchStats()["daemonset"].Events - events; got != 1 {
 		t.Errorf("the agent received %d DaemonSet events for 5 changes of another DaemonSet and 1 of its own, want 1", got)
 	}
@@ -355,11 +319,11 @@ func TestKubernetesNodesScope(t *testing.T) {
 func TestKubernetesAsksNothingWhileWatching(t *testing.T) {
 	env := sharedEnv(t)
 	ns := env.Namespace(t)
-	createRL(t, env, rateLimit("quiet", map[string]any{"rate": int64(90), "scope": "service", "match": map[string]any{"service": ns + "/web"}}))
+	env.CreateRateLimit(t, k8stest.RateLimit("quiet", map[string]any{"rate": int64(90), "scope": "service", "match": map[string]any{"service": ns + "/web"}}))
 	putSlice(t, env, ns, "web", "web-1", 8080, ep("10.0.0.1", "node-a", true))
-	setDaemonSet(t, env, ns, "rlagent", 1, 1)
+	env.SetDaemonSetStatus(t, ns, "rlagent", 1, 1)
 	s := startSource(t, env, ns, "node-a")
-	waitUntil(t, "web's endpoint", func() bool { return s.k.Observe("quiet").Replicas == 1 })
+	k8stest.WaitUntil(t, "web's endpoint", func() bool { return s.k.Observe("quiet").Replicas == 1 })
 	before := s.requests.Load()
 	const quiet = 5 * time.Second
 	time.Sleep(quiet)
@@ -382,16 +346,16 @@ func TestKubernetesKeepsCountsWhenUnreachable(t *testing.T) {
 	env := k8stest.Start(t) // stopped below: not the shared one
 	env.InstallCRD(t, "../deploy/crd.yaml")
 	ns := env.Namespace(t)
-	createRL(t, env, rateLimit("outage", map[string]any{"rate": int64(90), "scope": "nodes", "match": map[string]any{}}))
-	setDaemonSet(t, env, ns, "rlagent", 4, 4)
+	env.CreateRateLimit(t, k8stest.RateLimit("outage", map[string]any{"rate": int64(90), "scope": "nodes", "match": map[string]any{}}))
+	env.SetDaemonSetStatus(t, ns, "rlagent", 4, 4)
 	s := startSource(t, env, ns, "node-a")
-	waitUntil(t, "4 ready agents", func() bool { return s.k.Observe("outage").Replicas == 4 })
+	k8stest.WaitUntil(t, "4 ready agents", func() bool { return s.k.Observe("outage").Replicas == 4 })
 
 	stopped := time.Now()
 	if err := env.StopAPIServer(); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, "the observation to carry an error", func() bool { return s.k.Observe("outage").Err != nil })
+	k8stest.WaitUntil(t, "the observation to carry an error", func() bool { return s.k.Observe("outage").Err != nil })
 	time.Sleep(2 * time.Second)
 	o := s.k.Observe("outage")
 	t.Logf("2 s into the outage: %+v, age %v", o, o.Age(time.Now()).Round(time.Millisecond))
@@ -409,13 +373,13 @@ func TestKubernetesKeepsCountsWhenUnreachable(t *testing.T) {
 		t.Fatal(err)
 	}
 	back := time.Now()
-	waitUntil(t, "a fresh observation", func() bool {
+	k8stest.WaitUntil(t, "a fresh observation", func() bool {
 		o := s.k.Observe("outage")
 		return o.Err == nil && o.Age(time.Now()) < 100*time.Millisecond
 	})
 	t.Logf("fresh again %v after the API server's start", time.Since(back).Round(time.Millisecond))
-	setDaemonSet(t, env, ns, "rlagent", 5, 5)
-	waitUntil(t, "5 ready agents after the outage", func() bool { return s.k.Observe("outage").Replicas == 5 })
+	env.SetDaemonSetStatus(t, ns, "rlagent", 5, 5)
+	k8stest.WaitUntil(t, "5 ready agents after the outage", func() bool { return s.k.Observe("outage").Replicas == 5 })
 	t.Logf("a count change seen %v after the API server's start", time.Since(back).Round(time.Millisecond))
 	probes := s.probes.Load()
 	time.Sleep(time.Second)
@@ -429,13 +393,13 @@ func TestKubernetesKeepsCountsWhenUnreachable(t *testing.T) {
 func TestKubernetesInvalidSpecReported(t *testing.T) {
 	env := sharedEnv(t)
 	ns := env.Namespace(t)
-	createRL(t, env, rateLimit("bad-horizon", map[string]any{
+	env.CreateRateLimit(t, k8stest.RateLimit("bad-horizon", map[string]any{
 		"rate": int64(90), "scope": "nodes", "action": "pace", "attach": "uplink", "horizon": "10s",
 		"match": map[string]any{"direction": "egress"},
 	}))
-	createRL(t, env, rateLimit("good", map[string]any{"rate": int64(5), "scope": "nodes", "match": map[string]any{}}))
+	env.CreateRateLimit(t, k8stest.RateLimit("good", map[string]any{"rate": int64(5), "scope": "nodes", "match": map[string]any{}}))
 	s := startSource(t, env, ns, "node-a")
-	waitUntil(t, "both limits", func() bool { ls, _ := s.k.Limits(); return len(ls) >= 2 })
+	k8stest.WaitUntil(t, "both limits", func() bool { ls, _ := s.k.Limits(); return len(ls) >= 2 })
 	_, invalid := s.k.Limits()
 	if invalid["bad-horizon"] == nil || !strings.Contains(invalid["bad-horizon"].Error(), "horizon") || invalid["good"] != nil {
 		t.Fatalf("invalid = %v, want only bad-horizon, for its horizon", invalid)

@@ -1,7 +1,9 @@
 package v1alpha1
 
 import (
+	"io/fs"
 	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -54,4 +56,54 @@ func TestDocs(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestReadmeLayout keeps the README's layout table whole: every top-level
+// folder that holds Go code has a row (a new package is found there).
+func TestReadmeLayout(t *testing.T) {
+	data, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme := string(data)
+	entries, err := os.ReadDir("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := 0
+	for _, e := range entries {
+		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") || e.Name() == "bin" {
+			continue
+		}
+		if !holdsGo(t, "../../"+e.Name()) {
+			continue
+		}
+		found++
+		if !strings.Contains(readme, "\n| `"+e.Name()+"/") {
+			t.Errorf("README.md's layout table has no row for %s/", e.Name())
+		}
+	}
+	if found < 10 {
+		t.Errorf("found %d folders with Go code: the walk is wrong", found)
+	}
+}
+
+// holdsGo reports whether a .go file lies anywhere under dir.
+func holdsGo(t *testing.T, dir string) bool {
+	t.Helper()
+	var found bool
+	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || found {
+			return err
+		}
+		if !d.IsDir() && strings.HasSuffix(path, ".go") {
+			found = true
+			return fs.SkipAll
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return found
 }

@@ -26,6 +26,7 @@ import (
 
 	"github.com/rlagent/rlagent/api/v1alpha1"
 	"github.com/rlagent/rlagent/client/clientset/versioned"
+	rlcluster "github.com/rlagent/rlagent/cluster"
 	"github.com/rlagent/rlagent/internal/k8stest"
 	"github.com/rlagent/rlagent/internal/testenv"
 	"github.com/rlagent/rlagent/watcher"
@@ -64,7 +65,7 @@ func scaleSize(t *testing.T, name string, def int) int {
 type simAgent struct {
 	name string
 	k    *watcher.Kubernetes
-	w    *watcher.StatusWriter
+	w    *rlcluster.StatusWriter
 
 	mu     sync.Mutex
 	limit  string
@@ -174,7 +175,7 @@ func TestScale(t *testing.T) {
 			NodeName: a.name, AgentNamespace: ns, AgentDaemonSet: agentDaemonSet, Log: quiet,
 		})
 		a.k.OnChange(a.check)
-		a.w = watcher.NewStatusWriter(a.k, watcher.StatusConfig{Identity: a.name, Log: quiet})
+		a.w = rlcluster.NewStatusWriter(a.k, rlcluster.StatusConfig{Identity: a.name, Log: quiet})
 		agents[i] = a
 		wg.Go(func() { a.k.Run(sctx, func() {}) })
 		wg.Go(func() { a.w.Run(sctx) })

@@ -1,4 +1,4 @@
-package watcher
+package cluster
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rlagent/rlagent/api/v1alpha1"
+	"github.com/rlagent/rlagent/internal/k8stest"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/dynamic"
@@ -69,8 +71,8 @@ func TestParseDemandLeaseAccepts(t *testing.T) {
 func TestAllocatorIgnoresForeignReports(t *testing.T) {
 	env := sharedEnv(t)
 	ns := env.Namespace(t)
-	setDaemonSet(t, env, ns, "rlagent", 3, 3)
-	createRL(t, env, rateLimit("foreign-reports", map[string]any{
+	env.SetDaemonSetStatus(t, ns, "rlagent", 3, 3)
+	env.CreateRateLimit(t, k8stest.RateLimit("foreign-reports", map[string]any{
 		"rate": int64(6000), "scope": "nodes", "share": "demand", "match": map[string]any{},
 	}))
 	leases := env.Clientset().CoordinationV1().Leases(ns)
@@ -88,8 +90,8 @@ func TestAllocatorIgnoresForeignReports(t *testing.T) {
 		}
 	}
 	startStatus(t, env, ns, "node-a")
-	rl := dynamic.NewForConfigOrDie(env.Config).Resource(RateLimitResource)
-	waitUntil(t, "a round", func() bool {
+	rl := dynamic.NewForConfigOrDie(env.Config).Resource(v1alpha1.RateLimitResource)
+	k8stest.WaitUntil(t, "a round", func() bool {
 		st, _ := statusOf(t, rl, "foreign-reports")
 		return st.Allocation != nil
 	})

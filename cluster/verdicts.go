@@ -1,4 +1,4 @@
-package watcher
+package cluster
 
 import (
 	"cmp"
@@ -14,6 +14,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
+
+	"github.com/rlagent/rlagent/watcher"
 )
 
 // A node's reports of what became of its limits (its verdicts) travel in
@@ -115,9 +117,9 @@ func verdictLimits(obj any) ([]string, error) {
 // rest of it (the demand report, which DemandPublisher writes); a Lease
 // that does not exist yet is created with an empty report, renewed now,
 // for duration (the publisher's next write sets its own).
-func writeVerdicts(ctx context.Context, k *Kubernetes, value string, now time.Time, duration time.Duration) error {
-	ns, name := k.cfg.AgentNamespace, DemandLeasePrefix+k.cfg.NodeName
-	leases := k.cfg.Client.CoordinationV1().Leases(ns)
+func writeVerdicts(ctx context.Context, k *watcher.Kubernetes, value string, now time.Time, duration time.Duration) error {
+	ns, name := k.Config().AgentNamespace, DemandLeasePrefix+k.Config().NodeName
+	leases := k.Config().Client.CoordinationV1().Leases(ns)
 	l, err := leases.Get(ctx, name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
@@ -127,7 +129,7 @@ func writeVerdicts(ctx context.Context, k *Kubernetes, value string, now time.Ti
 				Annotations: map[string]string{annotationDemand: "{}", annotationVerdicts: value},
 			},
 			Spec: coordinationv1.LeaseSpec{
-				HolderIdentity:       ptr.To(k.cfg.NodeName),
+				HolderIdentity:       ptr.To(k.Config().NodeName),
 				LeaseDurationSeconds: ptr.To(int32(duration / time.Second)),
 				RenewTime:            &metav1.MicroTime{Time: now.Truncate(time.Microsecond)},
 			},

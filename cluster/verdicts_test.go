@@ -1,4 +1,4 @@
-package watcher
+package cluster
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/rlagent/rlagent/api/v1alpha1"
+	"github.com/rlagent/rlagent/internal/k8stest"
 )
 
 // TestForgedEventIgnored: against a real API server, an Event on a
@@ -27,15 +28,15 @@ import (
 func TestForgedEventIgnored(t *testing.T) {
 	env := sharedEnv(t)
 	ns := env.Namespace(t)
-	setDaemonSet(t, env, ns, "rlagent", 2, 2)
-	obj := createRL(t, env, rateLimit("forged-event", map[string]any{"rate": int64(90), "scope": "nodes", "match": map[string]any{}}))
-	rl := dynamic.NewForConfigOrDie(env.Config).Resource(RateLimitResource)
+	env.SetDaemonSetStatus(t, ns, "rlagent", 2, 2)
+	obj := env.CreateRateLimit(t, k8stest.RateLimit("forged-event", map[string]any{"rate": int64(90), "scope": "nodes", "match": map[string]any{}}))
+	rl := dynamic.NewForConfigOrDie(env.Config).Resource(v1alpha1.RateLimitResource)
 	startStatus(t, env, ns, "node-a")
 	accepted := func() *metav1.Condition {
 		st, _ := statusOf(t, rl, "forged-event")
 		return meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionAccepted)
 	}
-	waitUntil(t, "Accepted Valid", func() bool { c := accepted(); return c != nil && c.Reason == v1alpha1.ReasonValid })
+	k8stest.WaitUntil(t, "Accepted Valid", func() bool { c := accepted(); return c != nil && c.Reason == v1alpha1.ReasonValid })
 
 	ctx := context.Background()
 	now := time.Now()

@@ -1,4 +1,4 @@
-package watcher
+package cluster
 
 import (
 	"context"
@@ -28,6 +28,7 @@ import (
 
 	"github.com/rlagent/rlagent/api/v1alpha1"
 	"github.com/rlagent/rlagent/demand"
+	"github.com/rlagent/rlagent/watcher"
 )
 
 // Status in a cluster: one writer, many reporters.
@@ -124,7 +125,7 @@ func severity(reason string) int {
 // which the status writer reads into the Accepted condition, and as Events
 // on the RateLimits, for people.
 type Reporter struct {
-	k           *Kubernetes
+	k           *watcher.Kubernetes
 	node        string
 	broadcaster record.EventBroadcaster
 	recorder    record.EventRecorder
@@ -144,14 +145,14 @@ type sent struct {
 }
 
 // NewReporter returns a Reporter for node; Close stops it.
-func NewReporter(k *Kubernetes) *Reporter {
+func NewReporter(k *watcher.Kubernetes) *Reporter {
 	b := record.NewBroadcaster()
-	b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: k.cfg.Client.CoreV1().Events("")})
+	b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: k.Config().Client.CoreV1().Events("")})
 	return &Reporter{
 		k:           k,
-		node:        k.cfg.NodeName,
+		node:        k.Config().NodeName,
 		broadcaster: b,
-		recorder:    b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "rlagent", Host: k.cfg.NodeName}),
+		recorder:    b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "rlagent", Host: k.Config().NodeName}),
 		last:        make(map[string]sent),
 		verdicts:    make(map[string]nodeVerdict),
 	}
@@ -263,7 +264,7 @@ type StatusConfig struct {
 
 // StatusWriter writes RateLimit status from the agent that holds the Lease.
 type StatusWriter struct {
-	k   *Kubernetes
+	k   *watcher.Kubernetes
 	cfg StatusConfig
 	log *slog.Logger
 
@@ -273,7 +274,7 @@ type StatusWriter struct {
 	// What the agent's config says (Configure): the count source of the
 	// limits of a static scope (nil: none counted yet), and the demand
 	// shares' parameters.
-	counts Source
+	counts watcher.Source
 	params v1alpha1.DemandShares
 
 	// While leading: the nodes' Leases (their demand reports and
@@ -284,7 +285,7 @@ type StatusWriter struct {
 }
 
 // NewStatusWriter returns a writer over k's limits and counts. Run starts it.
-func NewStatusWriter(k *Kubernetes, cfg StatusConfig) *StatusWriter {
+func NewStatusWriter(k *watcher.Kubernetes, cfg StatusConfig) *StatusWriter {
 	if cfg.LeaseName == "" {
 		cfg.LeaseName = "rlagent-status"
 	}
@@ -292,10 +293,10 @@ func NewStatusWriter(k *Kubernetes, cfg StatusConfig) *StatusWriter {
 		cfg.Candidates = 8
 	}
 	if cfg.Log == nil {
-		cfg.Log = k.log
+		cfg.Log = k.Config().Log
 	}
 	if cfg.Namespace == "" {
-		cfg.Namespace = k.cfg.AgentNamespace
+		cfg.Namespace = k.Config().AgentNamespace
 	}
 	w := &StatusWriter{k: k, cfg: cfg, log: cfg.Log}
 	k.OnChange(w.Changed)
@@ -306,7 +307,7 @@ func NewStatusWriter(k *Kubernetes, cfg StatusConfig) *StatusWriter {
 // source a limit of a static scope is divided by, and the demand shares'
 // parameters. The agent calls it when it starts the writer and after every
 // reload, so that the writer never calls into the agent.
-func (w *StatusWriter) Configure(counts Source, params v1alpha1.DemandShares) {
+func (w *StatusWriter) Configure(counts watcher.Source, params v1alpha1.DemandShares) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.counts, w.params = counts, params
@@ -354,7 +355,7 @@ func (w *StatusWriter) Run(ctx context.Context) {
 	defer t.Stop()
 	for {
 		_, desired := w.k.Agents()
-		stand := w.k.Synced() && candidate(w.k.cfg.NodeName, desired, w.cfg.Candidates)
+		stand := w.k.Synced() && candidate(w.k.Config().NodeName, desired, w.cfg.Candidates)
 		switch {
 		case stand && stop == nil:
 			var ectx context.Context
@@ -382,7 +383,7 @@ func (w *StatusWriter) Run(ctx context.Context) {
 func (w *StatusWriter) elect(ctx context.Context) {
 	lock := &resourcelock.LeaseLock{
 		LeaseMeta:  metav1.ObjectMeta{Namespace: w.cfg.Namespace, Name: w.cfg.LeaseName},
-		Client:     w.k.cfg.Client.CoordinationV1(),
+		Client:     w.k.Config().Client.CoordinationV1(),
 		LockConfig: resourcelock.ResourceLockConfig{Identity: w.cfg.Identity},
 	}
 	for ctx.Err() == nil {
@@ -414,7 +415,7 @@ func (w *StatusWriter) lead(ctx context.Context) {
 	// report changes the allocation of the limits with share demand, and
 	// a node's verdicts the Accepted condition of the limits they name.
 	leases := cache.NewSharedIndexInformer(cache.NewFilteredListWatchFromClient(
-		w.k.cfg.Client.CoordinationV1().RESTClient(), "leases", w.cfg.Namespace,
+		w.k.Config().Client.CoordinationV1().RESTClient(), "leases", w.cfg.Namespace,
 		func(o *metav1.ListOptions) { o.LabelSelector = labelDemand + "=node" },
 	), &coordinationv1.Lease{}, 0, cache.Indexers{byLimit: verdictLimits})
 	changed := func(objs ...any) {
@@ -506,7 +507,7 @@ func writeFailedLevel(err error, retries int) slog.Level {
 // sync writes one RateLimit's status if it is not what the writer sees.
 func (w *StatusWriter) sync(ctx context.Context, queue workqueue.TypedRateLimitingInterface[string],
 	leases cache.SharedIndexInformer, name string) error {
-	cur, err := w.k.rlLister.Get(name)
+	cur, err := w.k.RateLimits().Get(name)
 	if apierrors.IsNotFound(err) {
 		return nil // deleted: nothing to write
 	}
@@ -561,7 +562,7 @@ func (w *StatusWriter) sync(ctx context.Context, queue workqueue.TypedRateLimiti
 	}
 	upd := cur.DeepCopy()
 	upd.Status = *next
-	if _, err = w.k.cfg.RateLimits.RlagentV1alpha1().RateLimits().UpdateStatus(ctx, upd, metav1.UpdateOptions{}); err != nil {
+	if _, err = w.k.Config().RateLimits.RlagentV1alpha1().RateLimits().UpdateStatus(ctx, upd, metav1.UpdateOptions{}); err != nil {
 		return err
 	}
 	if round != nil {
@@ -610,7 +611,7 @@ func (w *StatusWriter) allocate(queue workqueue.TypedRateLimitingInterface[strin
 	if a == nil {
 		a = &demand.Allocator{}
 		if last != nil {
-			a.Resume(AllocationOf(last))
+			a.Resume(watcher.AllocationOf(last))
 		}
 		w.allocs[l.Name] = a
 	}

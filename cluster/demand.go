@@ -1,4 +1,4 @@
-package watcher
+package cluster
 
 import (
 	"context"
@@ -309,23 +309,4 @@ func allocationStatus(r demand.Allocation, nodes int, asked uint64) *v1alpha1.Al
 		a.Water = ptr.To(r.Level.Water)
 	}
 	return a
-}
-
-// AllocationOf is the round a status holds (the zero Allocation: none).
-func AllocationOf(a *v1alpha1.Allocation) demand.Allocation {
-	if a == nil {
-		return demand.Allocation{}
-	}
-	r := demand.Allocation{Round: a.Round, Level: demand.Level{Water: math.MaxUint64, Floor: a.Floor}, Nodes: a.Nodes, Time: a.Time.Time}
-	if a.Water != nil {
-		r.Level.Water = *a.Water
-	}
-	return r
-}
-
-// DemandPublisher returns a publisher of this node's demand Lease, in the
-// agents' namespace: cfg with k's client, namespace and node.
-func (k *Kubernetes) DemandPublisher(cfg DemandConfig) *DemandPublisher {
-	cfg.Client, cfg.Namespace, cfg.Node = k.cfg.Client, k.cfg.AgentNamespace, k.cfg.NodeName
-	return NewDemandPublisher(cfg)
 }

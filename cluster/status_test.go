@@ -1,4 +1,4 @@
-package watcher
+package cluster
 
 import (
 	"context"
@@ -71,9 +71,9 @@ func statusOf(t *testing.T, rl dynamic.ResourceInterface, name string) (v1alpha1
 func TestStatusOneWriter(t *testing.T) {
 	env := sharedEnv(t)
 	ns := env.Namespace(t)
-	setDaemonSet(t, env, ns, "rlagent", 3, 3)
-	obj := createRL(t, env, rateLimit("one-writer", map[string]any{"rate": int64(90), "scope": "nodes", "match": map[string]any{}}))
-	rl := dynamic.NewForConfigOrDie(env.Config).Resource(RateLimitResource)
+	env.SetDaemonSetStatus(t, ns, "rlagent", 3, 3)
+	obj := env.CreateRateLimit(t, k8stest.RateLimit("one-writer", map[string]any{"rate": int64(90), "scope": "nodes", "match": map[string]any{}}))
+	rl := dynamic.NewForConfigOrDie(env.Config).Resource(v1alpha1.RateLimitResource)
 
 	// Every status write of the RateLimit, as a watch sees it.
 	w, err := rl.Watch(context.Background(), metav1.ListOptions{FieldSelector: "metadata.name=one-writer", ResourceVersion: obj.GetResourceVersion()})
@@ -96,7 +96,7 @@ func TestStatusOneWriter(t *testing.T) {
 	}
 	leader := func() *agentStatus {
 		var l *agentStatus
-		waitUntil(t, "one writer", func() bool {
+		k8stest.WaitUntil(t, "one writer", func() bool {
 			l = nil
 			n := 0
 			for _, a := range agents {
@@ -118,7 +118,7 @@ func TestStatusOneWriter(t *testing.T) {
 	waitStatus := func(what, status, reason, msg string, replicas int32) *metav1.Condition {
 		t.Helper()
 		var c *metav1.Condition
-		waitUntil(t, what, func() bool {
+		k8stest.WaitUntil(t, what, func() bool {
 			var n int32
 			c, n = cond()
 			return c != nil && string(c.Status) == status && c.Reason == reason && strings.HasPrefix(c.Message, msg) && n == replicas
@@ -131,7 +131,7 @@ func TestStatusOneWriter(t *testing.T) {
 	// A count change: one write.
 	time.Sleep(time.Second) // the first writes settle
 	before := writes.Load()
-	setDaemonSet(t, env, ns, "rlagent", 2, 3)
+	env.SetDaemonSetStatus(t, ns, "rlagent", 2, 3)
 	waitStatus("count 2", "True", v1alpha1.ReasonValid, "", 2)
 	time.Sleep(2 * time.Second) // time for any other write to show
 	if n := writes.Load() - before; n != 1 {
@@ -174,7 +174,7 @@ func TestStatusOneWriter(t *testing.T) {
 	took := time.Now()
 	next := leader()
 	t.Logf("%s took over from %s in %v", next.w.cfg.Identity, lead.w.cfg.Identity, time.Since(took).Round(time.Millisecond))
-	setDaemonSet(t, env, ns, "rlagent", 1, 3)
+	env.SetDaemonSetStatus(t, ns, "rlagent", 1, 3)
 	waitStatus("count 1, new writer", "True", v1alpha1.ReasonValid, "", 1)
 }
 
@@ -184,13 +184,13 @@ func TestStatusOneWriter(t *testing.T) {
 func TestStatusInvalid(t *testing.T) {
 	env := sharedEnv(t)
 	ns := env.Namespace(t)
-	createRL(t, env, rateLimit("status-invalid", map[string]any{
+	env.CreateRateLimit(t, k8stest.RateLimit("status-invalid", map[string]any{
 		"rate": int64(90), "scope": "nodes", "action": "pace", "attach": "uplink", "horizon": "10s",
 		"match": map[string]any{"direction": "egress"},
 	}))
 	startStatus(t, env, ns, "node-a")
-	rl := dynamic.NewForConfigOrDie(env.Config).Resource(RateLimitResource)
-	waitUntil(t, "Accepted=False, Invalid", func() bool {
+	rl := dynamic.NewForConfigOrDie(env.Config).Resource(v1alpha1.RateLimitResource)
+	k8stest.WaitUntil(t, "Accepted=False, Invalid", func() bool {
 		st, gen := statusOf(t, rl, "status-invalid")
 		c := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionAccepted)
 		return c != nil && c.Status == metav1.ConditionFalse && c.Reason == v1alpha1.ReasonInvalid &&
