@@ -18,11 +18,13 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
+	"github.com/rlagent/rlagent/api/v1alpha1"
 	"github.com/rlagent/rlagent/client/clientset/versioned"
 	"github.com/rlagent/rlagent/internal/k8stest"
 )
@@ -422,5 +424,65 @@ func TestNotAnswering(t *testing.T) {
 		if got := notAnswering(tc.err); got != tc.want {
 			t.Errorf("notAnswering(%v) = %v, want %v", tc.err, got, tc.want)
 		}
+	}
+}
+
+// TestKubernetesPerObject: each RateLimit is synced by its own key. A
+// limit's change or deletion changes that limit alone (a scope that
+// becomes static drops its count, which the agent then takes from its own
+// source), and the objects the lister holds are never modified: defaulting
+// works on a copy (a shared pointer, prefixLength, would carry the default
+// into the cache and from there into the status writer's updates).
+func TestKubernetesPerObject(t *testing.T) {
+	env := sharedEnv(t)
+	ns := env.Namespace(t)
+	env.SetDaemonSetStatus(t, ns, "rlagent", 3, 3)
+	env.CreateRateLimit(t, k8stest.RateLimit("per-object-a", map[string]any{
+		"rate": int64(90), "scope": "nodes", "match": map[string]any{},
+		"key": "src-prefix", "prefixLength": map[string]any{"ipv6": int64(48)},
+	}))
+	env.CreateRateLimit(t, k8stest.RateLimit("per-object-b", map[string]any{"rate": int64(90), "scope": "nodes", "match": map[string]any{}}))
+	s := startSource(t, env, ns, "node-a")
+	k8stest.WaitUntil(t, "both limits counted", func() bool {
+		return s.k.Observe("per-object-a").Replicas == 3 && s.k.Observe("per-object-b").Replicas == 3
+	})
+
+	limits, _ := s.k.Limits()
+	if len(limits) < 2 || limits[0].Name != "per-object-a" || limits[0].PrefixLength == nil || limits[0].PrefixLength.IPv4 != v1alpha1.DefaultPrefixLengthIPv4 {
+		t.Fatalf("limits %+v: want per-object-a defaulted (prefixLength.ipv4 %d)", limits, v1alpha1.DefaultPrefixLengthIPv4)
+	}
+	cached, err := s.k.RateLimits().Get("per-object-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pl := cached.Spec.PrefixLength; pl == nil || pl.IPv4 != 0 || cached.Spec.Attach != "" {
+		t.Errorf("the lister's object was modified: spec %+v, prefixLength %+v", cached.Spec, pl)
+	}
+
+	rls := dynamic.NewForConfigOrDie(env.Config).Resource(v1alpha1.RateLimitResource)
+	patch := []byte(`{"spec":{"scope":"static"}}`)
+	if _, err := rls.Patch(context.Background(), "per-object-a", types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	k8stest.WaitUntil(t, "per-object-a static", func() bool {
+		l, _ := s.k.Limits()
+		return len(l) > 0 && l[0].Name == "per-object-a" && l[0].Scope == v1alpha1.ScopeStatic
+	})
+	if o := s.k.Observe("per-object-a"); o.Replicas != 0 {
+		t.Errorf("a static limit's count from the cluster: %d, want none (0)", o.Replicas)
+	}
+	if o := s.k.Observe("per-object-b"); o.Replicas != 3 {
+		t.Errorf("per-object-b: count %d after another limit changed, want 3", o.Replicas)
+	}
+
+	if err := rls.Delete(context.Background(), "per-object-a", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	k8stest.WaitUntil(t, "per-object-a gone", func() bool {
+		l, _ := s.k.Limits()
+		return len(l) > 0 && l[0].Name != "per-object-a"
+	})
+	if l, _ := s.k.Limits(); l[0].Name != "per-object-b" || s.k.Observe("per-object-b").Replicas != 3 {
+		t.Errorf("after deleting per-object-a: limits %+v, per-object-b's count %d", l, s.k.Observe("per-object-b").Replicas)
 	}
 }
