@@ -8,16 +8,20 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
-
-	"github.com/rlagent/rlagent/api/v1alpha1"
 )
+
+// rateLimits is the RateLimit resource, named here rather than imported
+// from api/v1alpha1: the helpers of internal/ import nothing of rlagent's
+// own packages, which import internal/regularfile.
+var rateLimits = schema.GroupVersionResource{Group: "rlagent.io", Version: "v1alpha1", Resource: "ratelimits"}
 
 // RateLimit is the RateLimit object name with spec, unstructured: a test
 // may give it fields and values the Go types would not hold.
 func RateLimit(name string, spec map[string]any) *unstructured.Unstructured {
 	return &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": v1alpha1.SchemeGroupVersion.String(),
+		"apiVersion": rateLimits.GroupVersion().String(),
 		"kind":       "RateLimit",
 		"metadata":   map[string]any{"name": name},
 		"spec":       spec,
@@ -28,7 +32,7 @@ func RateLimit(name string, spec map[string]any) *unstructured.Unstructured {
 // cluster-scoped, and the next test on a shared Env would see it.
 func (e *Env) CreateRateLimit(tb testing.TB, obj *unstructured.Unstructured) *unstructured.Unstructured {
 	tb.Helper()
-	rl := dynamic.NewForConfigOrDie(e.Config).Resource(v1alpha1.RateLimitResource)
+	rl := dynamic.NewForConfigOrDie(e.Config).Resource(rateLimits)
 	created, err := rl.Create(context.Background(), obj, metav1.CreateOptions{})
 	if err != nil {
 		tb.Fatalf("create RateLimit %s: %v", obj.GetName(), err)
