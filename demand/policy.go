@@ -17,6 +17,12 @@ type NodeReport struct {
 	Renewed  time.Time
 	Previous map[string]uint64 // nil: none
 	PrevAt   time.Time
+	// Keys are the hot keys of the keyed limits (KeyRound): by limit
+	// name, key -> units/s, in the latest report and the one it replaced
+	// (of the same times). A keyed limit the node counts with no hot key
+	// has an empty map.
+	Keys     map[string]map[string]uint64
+	PrevKeys map[string]map[string]uint64
 }
 
 // RoundInput is what a round of one limit at time t is computed from, and
