@@ -137,6 +137,8 @@ struct rl_decision {
 	__u64 now;	/* the clock, read at most once (rl_now); 0: not yet */
 	__u64 pace_now;	/* the paced limits' clock (rl_pace_clock_read), idem */
 	__u64 seed[2];	/* rl_config.seed, for the keyed buckets' hash */
+	__u32 hot_shift; /* rl_config.hot_shift, for rl_hot_note */
+	__u32 pad;
 };
 
 /* 0 -> the decisions of the packet this CPU is deciding. PERCPU scratch
@@ -303,6 +305,14 @@ static __always_inline int rl_check_direct(const struct pkt *p, struct match *m,
 	const struct rl_params *pp = &lim->params[lim->active & 1];
 	bool created = false;
 
+	if (lim->ov_epoch) {
+		/* A lookup a packet, on this rare path only. */
+		struct rl_override *ov = bpf_map_lookup_elem(&rl_overrides, &r->k);
+
+		if (ov)
+			pp = &ov->params;
+	}
+
 	pool = rl_bucket_pool(&r->k, r->h, &lc->stats, NULL, false, pp, rl_now(now), &created);
 	if (!pool) {
 		rl_global_count(G_POOL_FULL);
@@ -374,9 +384,12 @@ __noinline int rl_check(const struct pkt *p, struct rl_decision *d, __u32 i)
 {
 	struct rl_limit_cpu *lc;
 	struct rl_pool *pool = NULL;
+	struct rl_key_slot *s = NULL;
 	struct rl_limit *lim;
 	struct rl_cache *c;
 	struct match *m;
+	const struct rl_params *pp;
+	__u32 seq;
 	__u64 h = 0;	/* a keyed bucket's hash */
 	enum rl_lease_result lr;
 	bool created = false;
@@ -394,12 +407,13 @@ __noinline int rl_check(const struct pkt *p, struct rl_decision *d, __u32 i)
 	m->cost = rl_cost(lim, p);
 	if (lim->action == RL_ACTION_PACE)
 		return rl_check_pace(p, d, m, lim, lc);
+	pp = &lim->params[lim->active & 1];
+	seq = lim->seq;
 
 	if (lim->key_kind == RL_KEY_NONE) {
 		c = &lc->cache;
 	} else {
 		struct rl_key_ref r = {};
-		struct rl_key_slot *s;
 		bool cached;
 		__u32 w;
 
@@ -429,11 +443,23 @@ __noinline int rl_check(const struct pkt *p, struct rl_decision *d, __u32 i)
 			c->tokens = 0;
 			c->retry_ns = 0;
 			c->gen = lim->gen;
+			s->hot_tick = 0;
+			s->hot_short = 0;
+			s->ov = 0;
 		}
 		if (c->tokens >= m->cost)
 			return MATCH_ADMIT;
-		pool = rl_bucket_pool(&r.k, r.h, &lc->stats, c, cached, &lim->params[lim->active & 1],
-				      rl_now(&d->now), &created);
+		{
+			struct rl_override *ov = rl_key_override(s, &r.k, lim);
+
+			if (ov) {
+				/* A share of its own: its clock, and a seq that
+				 * no limit's retry wait was computed under. */
+				pp = &ov->params;
+				seq = ov->seq | 0x80000000;
+			}
+		}
+		pool = rl_bucket_pool(&r.k, r.h, &lc->stats, c, cached, pp, rl_now(&d->now), &created);
 		if (!pool) {
 			rl_global_count(G_POOL_FULL);
 			return MATCH_FAIL_OPEN;
@@ -455,9 +481,11 @@ __noinline int rl_check(const struct pkt *p, struct rl_decision *d, __u32 i)
 		if (!pool)
 			return MATCH_FAIL_OPEN;
 	}
-	lr = rl_lease(pool, c, &lim->params[lim->active & 1], lim->seq, m->cost, rl_now(&d->now));
+	lr = rl_lease(pool, c, pp, seq, m->cost, rl_now(&d->now));
 	if (h && lr == RL_LEASE_OK)
-		rl_tomb_note(h, pool, &lim->params[lim->active & 1], d->now, created);
+		rl_tomb_note(h, pool, pp, d->now, created);
+	if (s && lr != RL_LEASE_OK && lim->hot)
+		rl_hot_note(s, m->cost, d->now, d->hot_shift);
 	return rl_lease_state(lr, lim);
 }
 
@@ -619,6 +647,7 @@ __noinline int rl_decide_all(const struct pkt *p, const struct rl_mask *cand, __
 	d->pace_now = 0;
 	d->seed[0] = cfg->seed[0];
 	d->seed[1] = cfg->seed[1];
+	d->hot_shift = cfg->hot_shift;
 	for (int i = 0; i < RL_MAX_MATCH; i++) {
 		if (!rl_walk_next(&it, cand, &id))
 			break;
@@ -728,6 +757,7 @@ slow:
 	d->pace_now = 0;
 	d->seed[0] = cfg->seed[0];
 	d->seed[1] = cfg->seed[1];
+	d->hot_shift = cfg->hot_shift;
 	d->m[0].id = id;
 	state = rl_check(p, d, 0);
 	d->m[0].state = state;

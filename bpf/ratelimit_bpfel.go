@@ -61,7 +61,7 @@ type RatelimitRlConfig struct {
 	SrcCidr         RatelimitRlMask
 	DstCidr         RatelimitRlMask
 	LastGen         uint32
-	Pad             uint32
+	HotShift        uint32
 	Drop            RatelimitRlMask
 	Conn            RatelimitRlMask
 	ProtectRules    uint32
@@ -80,6 +80,8 @@ const (
 	RatelimitRlConstRL_PORT_SPACE        RatelimitRlConst = 65536
 	RatelimitRlConstRL_KEY_CACHE_SETS    RatelimitRlConst = 4096
 	RatelimitRlConstRL_KEY_CACHE_WAYS    RatelimitRlConst = 2
+	RatelimitRlConstRL_HOT_RING          RatelimitRlConst = 2048
+	RatelimitRlConstRL_MAX_OVERRIDES     RatelimitRlConst = 8192
 	RatelimitRlConstRL_CAS_TRIES         RatelimitRlConst = 4
 	RatelimitRlConstRL_STALE_NS          RatelimitRlConst = 10000000
 	RatelimitRlConstRL_MAX_RATE          RatelimitRlConst = 4000000000
@@ -106,9 +108,11 @@ type RatelimitRlDecision struct {
 		WaitNs uint32
 		Pad    uint32
 	}
-	Now     uint64
-	PaceNow uint64
-	Seed    [2]uint64
+	Now      uint64
+	PaceNow  uint64
+	Seed     [2]uint64
+	HotShift uint32
+	Pad      uint32
 }
 
 type RatelimitRlDirection uint32
@@ -179,6 +183,7 @@ type RatelimitRlGlobalStats struct {
 	RejectDestBudget    uint64
 	RejectNotLocal      uint64
 	EndpointSrcMismatch uint64
+	HotRecords          uint64
 }
 
 type RatelimitRlHead4 struct {
@@ -197,6 +202,14 @@ const (
 	RatelimitRlHookRL_HOOK_ENDPOINT_OUT RatelimitRlHook = 3
 	RatelimitRlHookRL_HOOKS             RatelimitRlHook = 4
 )
+
+type RatelimitRlHotRec struct {
+	_          structs.HostLayout
+	Key        RatelimitRlBucketKey
+	Tick       uint32
+	Pad        uint32
+	ShortUnits uint64
+}
 
 type RatelimitRlKeyKind uint32
 
@@ -217,9 +230,12 @@ type RatelimitRlKeySet struct {
 }
 
 type RatelimitRlKeySlot struct {
-	_     structs.HostLayout
-	Key   RatelimitRlBucketKey
-	Cache RatelimitRlCache
+	_        structs.HostLayout
+	Key      RatelimitRlBucketKey
+	Cache    RatelimitRlCache
+	HotTick  uint32
+	Ov       uint32
+	HotShort uint64
 }
 
 type RatelimitRlLimit struct {
@@ -229,14 +245,14 @@ type RatelimitRlLimit struct {
 	Unit      uint8
 	KeyKind   uint8
 	Action    uint8
-	Pad0      uint8
+	Hot       uint8
 	HorizonNs uint32
 	Prefix4   uint32
 	Prefix6   [4]uint32
 	_         [4]byte
 	Params    [2]RatelimitRlParams
 	Active    uint32
-	Pad2      uint32
+	OvEpoch   uint32
 }
 
 type RatelimitRlLimitCpu struct {
@@ -307,6 +323,13 @@ const (
 	RatelimitRlMetaStateRL_META_CLAMPED  RatelimitRlMetaState = 1
 	RatelimitRlMetaStateRL_META_REJECTED RatelimitRlMetaState = 2
 )
+
+type RatelimitRlOverride struct {
+	_      structs.HostLayout
+	Params RatelimitRlParams
+	Seq    uint32
+	Pad    uint32
+}
 
 type RatelimitRlPaceStats struct {
 	_               structs.HostLayout
@@ -413,11 +436,13 @@ const (
 	RatelimitMapRlEpSrc         = "rl_ep_src"
 	RatelimitMapRlFrags         = "rl_frags"
 	RatelimitMapRlGlobal        = "rl_global"
+	RatelimitMapRlHot           = "rl_hot"
 	RatelimitMapRlIfMac         = "rl_if_mac"
 	RatelimitMapRlKeyCache      = "rl_key_cache"
 	RatelimitMapRlLimits        = "rl_limits"
 	RatelimitMapRlLocal         = "rl_local"
 	RatelimitMapRlMeta          = "rl_meta"
+	RatelimitMapRlOverrides     = "rl_overrides"
 	RatelimitMapRlPace          = "rl_pace"
 	RatelimitMapRlPercpu        = "rl_percpu"
 	RatelimitMapRlPools         = "rl_pools"
@@ -524,11 +549,13 @@ type RatelimitMapSpecs struct {
 	RlEpSrc        *ebpf.MapSpec `ebpf:"rl_ep_src"`
 	RlFrags        *ebpf.MapSpec `ebpf:"rl_frags"`
 	RlGlobal       *ebpf.MapSpec `ebpf:"rl_global"`
+	RlHot          *ebpf.MapSpec `ebpf:"rl_hot"`
 	RlIfMac        *ebpf.MapSpec `ebpf:"rl_if_mac"`
 	RlKeyCache     *ebpf.MapSpec `ebpf:"rl_key_cache"`
 	RlLimits       *ebpf.MapSpec `ebpf:"rl_limits"`
 	RlLocal        *ebpf.MapSpec `ebpf:"rl_local"`
 	RlMeta         *ebpf.MapSpec `ebpf:"rl_meta"`
+	RlOverrides    *ebpf.MapSpec `ebpf:"rl_overrides"`
 	RlPace         *ebpf.MapSpec `ebpf:"rl_pace"`
 	RlPercpu       *ebpf.MapSpec `ebpf:"rl_percpu"`
 	RlPools        *ebpf.MapSpec `ebpf:"rl_pools"`
@@ -601,11 +628,13 @@ type RatelimitMaps struct {
 	RlEpSrc        *ebpf.Map `ebpf:"rl_ep_src"`
 	RlFrags        *ebpf.Map `ebpf:"rl_frags"`
 	RlGlobal       *ebpf.Map `ebpf:"rl_global"`
+	RlHot          *ebpf.Map `ebpf:"rl_hot"`
 	RlIfMac        *ebpf.Map `ebpf:"rl_if_mac"`
 	RlKeyCache     *ebpf.Map `ebpf:"rl_key_cache"`
 	RlLimits       *ebpf.Map `ebpf:"rl_limits"`
 	RlLocal        *ebpf.Map `ebpf:"rl_local"`
 	RlMeta         *ebpf.Map `ebpf:"rl_meta"`
+	RlOverrides    *ebpf.Map `ebpf:"rl_overrides"`
 	RlPace         *ebpf.Map `ebpf:"rl_pace"`
 	RlPercpu       *ebpf.Map `ebpf:"rl_percpu"`
 	RlPools        *ebpf.Map `ebpf:"rl_pools"`
@@ -634,11 +663,13 @@ func (m *RatelimitMaps) Close() error {
 		m.RlEpSrc,
 		m.RlFrags,
 		m.RlGlobal,
+		m.RlHot,
 		m.RlIfMac,
 		m.RlKeyCache,
 		m.RlLimits,
 		m.RlLocal,
 		m.RlMeta,
+		m.RlOverrides,
 		m.RlPace,
 		m.RlPercpu,
 		m.RlPools,

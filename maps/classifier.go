@@ -151,14 +151,15 @@ func (p Protocol) classes() []int {
 }
 
 // buildClassifier derives the classifier of a set of limits. What is not
-// the limits' (the last generation, the hash seed, the protect rules) comes
-// from prev, if set.
+// the limits' (the last generation, the hash seed, the protect rules, the
+// endpoint source check, the hot-key tick) comes from prev, if set.
 func buildClassifier(limits map[uint32]*installed, prev *bpf.RatelimitRlConfig, lastGen uint32) *classifier {
 	c := newClassifier()
 	if prev != nil {
 		c.cfg.Seed = prev.Seed
 		c.cfg.ProtectRules, c.cfg.ProtectPortless, c.cfg.ProtectPeers = prev.ProtectRules, prev.ProtectPortless, prev.ProtectPeers
 		c.cfg.EpSrcCheck = prev.EpSrcCheck
+		c.cfg.HotShift = prev.HotShift
 	}
 	c.cfg.LastGen = lastGen
 	for id, in := range limits {

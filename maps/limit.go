@@ -206,7 +206,10 @@ type Limit struct {
 	// Horizon (Pace only): a packet that would have to wait longer is
 	// dropped. 1 µs..MaxHorizon.
 	Horizon time.Duration
-	Match   Match
+	// Hot (keyed limits, not paced): record the keys whose buckets run
+	// short (Datapath.HotKeys), for demand shares of keyed limits.
+	Hot   bool
+	Match Match
 }
 
 // Validate reports the first field that the data path cannot take.
@@ -241,6 +244,9 @@ func (l *Limit) Validate() error {
 		}
 	} else if l.Horizon != 0 {
 		return fmt.Errorf("horizon: only for action pace, not %v", l.Action)
+	}
+	if l.Hot && (l.Key == KeyNone || l.Action == Pace) {
+		return errors.New("hot: only a keyed limit that is not paced records hot keys")
 	}
 	switch l.Key {
 	case KeyNone, KeySrcIP, KeyDstIP, KeyDstPort:

@@ -24,6 +24,7 @@ func validLimit() Limit {
 		Prefix4: 24,
 		Prefix6: 64,
 		Action:  Shadow,
+		Hot:     true,
 		Match: Match{
 			Direction: Egress,
 			Protocol:  TCP,
@@ -65,8 +66,8 @@ func TestValidate(t *testing.T) {
 		{name: "connections", modify: func(l *Limit) { l.Unit = Connections }},
 		{name: "connections, any protocol", modify: func(l *Limit) { l.Unit, l.Match.Protocol = Connections, AnyProtocol }},
 		{name: "at the endpoints", modify: func(l *Limit) { l.Match.Attach = Endpoints }},
-		{name: "pace at the uplinks' egress", modify: func(l *Limit) { l.Action, l.Horizon, l.Match.Direction = Pace, time.Second, Egress }},
-		{name: "pace horizon at MaxHorizon", modify: func(l *Limit) { l.Action, l.Horizon, l.Match.Direction = Pace, MaxHorizon, Egress }},
+		{name: "pace at the uplinks' egress", modify: func(l *Limit) { l.Action, l.Horizon, l.Match.Direction, l.Hot = Pace, time.Second, Egress, false }},
+		{name: "pace horizon at MaxHorizon", modify: func(l *Limit) { l.Action, l.Horizon, l.Match.Direction, l.Hot = Pace, MaxHorizon, Egress, false }},
 
 		{name: "rate above MaxRate", modify: func(l *Limit) { l.Rate = MaxRate + 1 }, field: "rate:"},
 		{name: "burst 0 with rate", modify: func(l *Limit) { l.Burst = 0 }, field: "burst:"},
@@ -88,6 +89,10 @@ func TestValidate(t *testing.T) {
 			l.Action, l.Horizon, l.Match.Direction = Pace, MaxHorizon+1, Egress
 		}, field: "horizon:"},
 		{name: "horizon without pace", modify: func(l *Limit) { l.Horizon = time.Millisecond }, field: "horizon:"},
+		{name: "hot without a key", modify: func(l *Limit) { l.Key, l.Hot = KeyNone, true }, field: "hot:"},
+		{name: "hot and paced", modify: func(l *Limit) {
+			l.Action, l.Horizon, l.Match.Direction, l.Hot = Pace, time.Millisecond, Egress, true
+		}, field: "hot:"},
 		{name: "unknown key", modify: func(l *Limit) { l.Key = KeyDstPrefix + 1 }, field: "key:",
 			choices: []string{"none", "src-ip", "dst-ip", "src-prefix", "dst-port", "dst-prefix"}},
 		{name: "dst-prefix prefix4 0", modify: func(l *Limit) { l.Key, l.Prefix4 = KeyDstPrefix, 0 }, field: "prefix4:"},

@@ -89,6 +89,10 @@ func (d *Datapath) SetLimit(id uint32, l Limit) error {
 	e.Unit = uint8(l.Unit)
 	e.KeyKind = uint8(l.Key)
 	e.Action = uint8(l.Action)
+	e.Hot = 0
+	if l.Hot {
+		e.Hot = 1
+	}
 	e.HorizonNs = uint32(l.Horizon.Nanoseconds())
 	if l.Key.prefixKey() {
 		e.Prefix4 = netmask4(int(l.Prefix4))
@@ -294,7 +298,8 @@ func (d *Datapath) purgeBuckets(id, gen uint32) error {
 			return fmt.Errorf("delete bucket: %w", err)
 		}
 	}
-	return nil
+	// The keys' shares of their own go with the buckets.
+	return d.deleteOverrides(id, gen)
 }
 
 // adopt reads the state of maps that were already pinned, and puts right
@@ -375,6 +380,7 @@ func (d *Datapath) load() error {
 			Key:     KeyKind(e.KeyKind),
 			Action:  Action(e.Action),
 			Horizon: time.Duration(e.HorizonNs),
+			Hot:     e.Hot != 0,
 			Match:   cls.matchOf(id),
 		}
 		if l.Key.prefixKey() {

@@ -113,6 +113,9 @@ type GlobalStats struct {
 	// SourceDrop (SetSourceCheck). IPv6 link-local and unspecified
 	// sources are not counted.
 	EndpointSrcMismatch uint64 `json:"endpointSrcMismatch"`
+	// HotRecords counts the hot keys recorded (Datapath.HotKeys): a key
+	// whose bucket was short in two consecutive ticks, once a tick.
+	HotRecords uint64 `json:"hotRecords"`
 }
 
 // GlobalStats reads the counters that belong to no limit.
@@ -139,6 +142,7 @@ func (d *Datapath) GlobalStats() (GlobalStats, error) {
 		g.RejectDestBudget += c.RejectDestBudget
 		g.RejectNotLocal += c.RejectNotLocal
 		g.EndpointSrcMismatch += c.EndpointSrcMismatch
+		g.HotRecords += c.HotRecords
 	}
 	return g, nil
 }
@@ -180,36 +184,9 @@ func (d *Datapath) Buckets(id uint32) ([]Bucket, error) {
 		if k.Limit != id || k.Gen != in.entry.Gen {
 			continue
 		}
-		b := Bucket{}
+		b := bucketOf(&in.limit, k.Addr)
 		if v > val.V_empty {
 			b.Tokens = min(v-val.V_empty, p.Burst)
-		}
-		switch in.limit.Key {
-		case KeyDstPort:
-			b.Port = uint16(k.Addr[1])
-			switch int(k.Addr[0]) {
-			case classTCP:
-				b.Protocol = TCP
-			case classUDP:
-				b.Protocol = UDP
-			case classICMP:
-				b.Protocol = ICMP
-			}
-			if k.Addr[1] > 0xffff {
-				b.Port = 0
-			}
-		default:
-			var a [16]byte
-			for i, w := range k.Addr {
-				binary.LittleEndian.PutUint32(a[4*i:], w)
-			}
-			b.Addr = netip.AddrFrom16(a).Unmap()
-			if in.limit.Key.prefixKey() {
-				b.Prefix = int(in.limit.Prefix6)
-				if b.Addr.Is4() {
-					b.Prefix = int(in.limit.Prefix4)
-				}
-			}
 		}
 		out = append(out, b)
 	}
@@ -217,6 +194,40 @@ func (d *Datapath) Buckets(id uint32) ([]Bucket, error) {
 		return nil, fmt.Errorf("buckets of limit %d: %w", id, err)
 	}
 	return out, nil
+}
+
+// bucketOf is the key of l's bucket whose rl_bucket_key.addr is addr (the
+// parser's words: IPv4 as ::ffff:a.b.c.d, the bytes in network order).
+func bucketOf(l *Limit, addr [4]uint32) Bucket {
+	var b Bucket
+	switch l.Key {
+	case KeyDstPort:
+		b.Port = uint16(addr[1])
+		switch int(addr[0]) {
+		case classTCP:
+			b.Protocol = TCP
+		case classUDP:
+			b.Protocol = UDP
+		case classICMP:
+			b.Protocol = ICMP
+		}
+		if addr[1] > 0xffff {
+			b.Port = 0
+		}
+	default:
+		var a [16]byte
+		for i, w := range addr {
+			binary.NativeEndian.PutUint32(a[4*i:], w)
+		}
+		b.Addr = netip.AddrFrom16(a).Unmap()
+		if l.Key.prefixKey() {
+			b.Prefix = int(l.Prefix6)
+			if b.Addr.Is4() {
+				b.Prefix = int(l.Prefix4)
+			}
+		}
+	}
+	return b
 }
 
 func sortedIDs(ids []uint32) []uint32 {

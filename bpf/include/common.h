@@ -23,6 +23,8 @@ enum rl_const {
 	RL_PORT_SPACE = 65536,
 	RL_KEY_CACHE_SETS = 4096, /* sets of the per-CPU cache of keyed buckets; power of two */
 	RL_KEY_CACHE_WAYS = 2,	/* buckets per set */
+	RL_HOT_RING = 2048,	/* hot-key records a CPU keeps (rl_hot); power of two */
+	RL_MAX_OVERRIDES = 8192, /* keys with a share of their own (rl_overrides), over all limits */
 	RL_CAS_TRIES = 4,	/* lease attempts on a contended pool before the packet is rejected */
 	RL_STALE_NS = 10000000,	/* a lease older than this hands its remainder back on the next lease */
 	RL_MAX_RATE = 4000000000U, /* units/s (32 Gbit/s in bytes); keeps the fixed-point products below 2^64 */
@@ -167,7 +169,9 @@ struct rl_limit {
 	__u8 unit;	/* enum rl_unit */
 	__u8 key_kind;	/* enum rl_key_kind */
 	__u8 action;	/* enum rl_action */
-	__u8 pad0;
+	/* 1: record this keyed limit's hot keys (rl_hot): a keyed limit with
+	 * share demand, whose keys' shares follow their demand. */
+	__u8 hot;
 	/* RL_ACTION_PACE: a packet that would leave later than this many ns
 	 * from now is dropped (<= RL_MAX_HORIZON_NS). */
 	__u32 horizon_ns;
@@ -179,7 +183,10 @@ struct rl_limit {
 	 * that sees the new index also sees the new params (stores are ordered
 	 * on x86 and the copy runs forward). */
 	__u32 active;
-	__u32 pad2;
+	/* Bumped by user space (mod 2^31) whenever this limit's key overrides
+	 * change (rl_overrides): a CPU looks a key's override up again when
+	 * the epoch it saw is not this one. 0: the limit has never had one. */
+	__u32 ov_epoch;
 };
 
 /* Classifier state that is not per-port or per-prefix. One entry. */
@@ -190,7 +197,9 @@ struct rl_config {
 	struct rl_mask src_cidr;	/* limits restricted to source CIDRs */
 	struct rl_mask dst_cidr;	/* limits restricted to destination CIDRs */
 	__u32 last_gen;		/* user space: the last limit generation handed out */
-	__u32 pad;
+	/* A hot-key tick is 2^hot_shift ns of the limits' clock (rl_hot_note);
+	 * 0: no key is recorded. */
+	__u32 hot_shift;
 	/* Limits with action drop: a packet matching more limits than
 	 * RL_MAX_MATCH is dropped if one it was not checked against is one. */
 	struct rl_mask drop;
@@ -370,6 +379,33 @@ struct rl_tomb_set {
 struct rl_key_slot {
 	struct rl_bucket_key key;
 	struct rl_cache cache;
+	/* Of a limit that records hot keys (rl_limit.hot): the last tick in
+	 * which this bucket was short on this CPU, and the units it turned
+	 * away in that tick (rl_hot_note). */
+	__u32 hot_tick;
+	/* The limit's ov_epoch when this CPU last looked the key's override
+	 * up, shifted left by one, | 1 if it found one (rl_key_override). */
+	__u32 ov;
+	__u64 hot_short;
+};
+
+/* A key's own node share (rl_overrides): its rate, burst and virtual
+ * clock, in place of the limit's params, with a seq of its own. */
+struct rl_override {
+	struct rl_params params;
+	__u32 seq;
+	__u32 pad;
+};
+
+/* A hot key: a keyed bucket that was short on this CPU in two consecutive
+ * ticks, recorded once a tick (rl_hot): its key, the first of the two
+ * ticks, and the units it turned away in that tick. What it admitted is its
+ * share (it was short). */
+struct rl_hot_rec {
+	struct rl_bucket_key key;
+	__u32 tick;
+	__u32 pad;
+	__u64 short_units;
 };
 
 /* One set of the per-CPU keyed-bucket cache: the buckets whose hash selects
@@ -398,6 +434,7 @@ struct rl_global_stats {
 	__u64 reject_dest_budget; /* action reject: dropped unanswered, the reply's destination had its replies */
 	__u64 reject_not_local;	/* action reject: dropped unanswered, not to this interface's MAC or not to an address of the node's */
 	__u64 endpoint_src_mismatch; /* endpoint egress: from an address that is not the endpoint's (rl_endpoint_source) */
+	__u64 hot_records;	/* hot keys recorded (rl_hot): the next one goes to hot_records % RL_HOT_RING */
 };
 
 /* The node's budget of replies to rejected packets (reject.h). Written by

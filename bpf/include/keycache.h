@@ -11,8 +11,15 @@
  * key comes back its bucket starts where the evicted one would be now
  * (rl_bucket_pool), not full, so an eviction hands out at most one burst.
  *
+ * A keyed bucket that is short in two consecutive ticks on a CPU is a hot
+ * key: rl_hot_note records it in rl_hot, once a tick.
+ *
+ * A key may have a share of its own (rl_overrides, rl_key_override): its
+ * bucket then runs on the override's params instead of the limit's.
+ *
  * Owns: rl_hash, the keys (rl_prefix_key, rl_bucket_key), the cache's
- * lookup, the tombstones and the creation of a pool. Relies on maps.h
+ * lookup, the tombstones, the creation of a pool, the hot keys and the
+ * keys' overrides. Relies on maps.h
  * (the maps), bucket.h (the virtual clock) and the packet of parse.h. Which
  * cache way a packet may take is the decision's (rl_key_victim in
  * ratelimit.c: it depends on what the packet's other limits hold). Every
@@ -271,6 +278,60 @@ static __always_inline struct rl_pool *rl_bucket_pool(const struct rl_bucket_key
 			st->new_keys++;
 	}
 	return bpf_map_lookup_elem(&rl_buckets, k);
+}
+
+/* The override of slot s's key k, or NULL. Looked up only when the
+ * limit's override epoch moved since this CPU last looked (s->ov), or the
+ * key had one then: a key without one costs a compare. */
+static __always_inline struct rl_override *rl_key_override(struct rl_key_slot *s,
+							    const struct rl_bucket_key *k,
+							    const struct rl_limit *lim)
+{
+	__u32 epoch = lim->ov_epoch & 0x7fffffff;
+	struct rl_override *ov;
+
+	if (s->ov == epoch << 1)
+		return NULL;
+	ov = bpf_map_lookup_elem(&rl_overrides, k);
+	s->ov = epoch << 1 | (ov != NULL);
+	return ov;
+}
+
+/* Notes that the bucket of slot s turned cost units away at now, the tick
+ * being 2^shift ns. The first time in a tick that follows a tick in which
+ * it was short too, the key is hot: the tick before is recorded in rl_hot
+ * with the units it turned away then (so at most once a tick, and never
+ * for a key short in a single tick, as a flood of keys that each send a
+ * packet or two is). Writes only this CPU's slot and ring, as the limits'
+ * counters on the drop path do: no lookup, no shared line. */
+static __always_inline void rl_hot_note(struct rl_key_slot *s, __u64 cost, __u64 now, __u32 shift)
+{
+	__u32 zero = 0, tick, i;
+	struct rl_global_stats *g;
+	struct rl_hot_rec *rec;
+
+	if (!shift || shift > 40)
+		return;
+	tick = (__u32)(now >> shift);
+	if (s->hot_tick == tick) {
+		s->hot_short += cost;
+		return;
+	}
+	if (s->hot_tick == tick - 1 && s->hot_short) {
+		g = bpf_map_lookup_elem(&rl_global, &zero);
+		if (g) {
+			i = (__u32)g->hot_records & (RL_HOT_RING - 1);
+			rec = bpf_map_lookup_elem(&rl_hot, &i);
+			if (rec) {
+				rec->key = s->key;
+				rec->tick = s->hot_tick;
+				rec->short_units = s->hot_short;
+				g->hot_records++;
+			}
+		}
+	}
+	s->hot_tick = tick;
+	s->hot_short = cost;
 }
 
 #endif /* RL_KEYCACHE_H */

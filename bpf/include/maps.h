@@ -239,6 +239,34 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } rl_tombstones SEC(".maps");
 
+/* (limit, gen, key) -> the key's own node share, for the keys of a limit
+ * with share demand that the allocation gives more or less than the
+ * limit's equal share. HASH: user space writes it (and bumps the limit's
+ * ov_epoch); a CPU looks a key up when it takes the key's cache way and
+ * when the epoch moved, and on each lease only for the keys that have one:
+ * the others cost no lookup. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, RL_MAX_OVERRIDES);
+	__type(key, struct rl_bucket_key);
+	__type(value, struct rl_override);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} rl_overrides SEC(".maps");
+
+/* The hot keys this CPU recorded, a ring of RL_HOT_RING (the next record
+ * goes to rl_global_stats.hot_records % RL_HOT_RING): a key is recorded at
+ * most once a tick on a CPU, and only when its bucket was short in two
+ * consecutive ticks, so that a flood of keys that each send a packet or two
+ * records nothing, and the ring's size bounds what a flood of hot ones
+ * writes. User space reads the records of the ticks since its last read. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, RL_HOT_RING);
+	__type(key, __u32);
+	__type(value, struct rl_hot_rec);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} rl_hot SEC(".maps");
+
 /* 0 -> counters that belong to no limit. PERCPU: no atomics. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
