@@ -273,6 +273,24 @@ func readTCPSegs(t *testing.T, ns *nettest.NS) tcpSegs {
 // sent again and counted again, one lost before it only once: with
 // retransmissions the count lies between the first sends and all sends
 // (a retransmission may also re-cut the segments), without them it is exact.
+// quietSegs reads ns's TCP segment counters around read (which reads the
+// limits' counters), until they stand still across it: a segment TCP sends
+// between the two reads (the last ACK or FIN of a connection that is
+// closing) would be counted by one and not the other. At most 5 s.
+func quietSegs(t *testing.T, ns *nettest.NS, read func()) tcpSegs {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		before := readTCPSegs(t, ns)
+		read()
+		after := readTCPSegs(t, ns)
+		if before == after || time.Now().After(deadline) {
+			return after
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 func checkSegments(t *testing.T, counted uint64, sent tcpSegs) {
 	t.Helper()
 	lo, hi := sent.Out-min(sent.Out, sent.Retrans), sent.Out+sent.Retrans
@@ -336,11 +354,13 @@ func TestTCPSegmentsCounted(t *testing.T) {
 			out0 := readTCPSegs(t, n.topo.Remote)
 			bulkTo(t, n.topo.Remote, sink, size)
 			time.Sleep(200 * time.Millisecond) // the last ACKs
-			sent := readTCPSegs(t, n.topo.Remote).sub(out0)
+			var segs, wire uint64
+			sent := quietSegs(t, n.topo.Remote, func() {
+				segs = n.limit("in-segs").Totals.AdmittedPackets - segs0.AdmittedPackets
+				wire = n.limit("in-bytes").Totals.AdmittedBytes - bytes0.AdmittedBytes
+			}).sub(out0)
 			remote := linkStats(t, n.topo.Remote, nettest.UplinkIf).Sub(remote0)
 			host := linkStats(t, n.topo.Node, c.HostIf).Sub(host0)
-			segs := n.limit("in-segs").Totals.AdmittedPackets - segs0.AdmittedPackets
-			wire := n.limit("in-bytes").Totals.AdmittedBytes - bytes0.AdmittedBytes
 			t.Logf("in: the remote's TCP sent %d segments (%d more again), its uplink %d frames; the pod's veth passed %d packets (%.0f bytes each); "+
 				"the limits counted %d segments, %d bytes", sent.Out, sent.Retrans, remote.TxPackets, host.TxPackets,
 				float64(host.TxBytes)/float64(max(host.TxPackets, 1)), segs, wire)
@@ -377,9 +397,10 @@ func TestTCPSegmentsCounted(t *testing.T) {
 			pod0 := readTCPSegs(t, c.NS)
 			bulkTo(t, c.NS, rsink, size)
 			time.Sleep(200 * time.Millisecond)
-			sent = readTCPSegs(t, c.NS).sub(pod0)
+			sent = quietSegs(t, c.NS, func() {
+				segs = n.limit("out-segs").Totals.AdmittedPackets - out.AdmittedPackets
+			}).sub(pod0)
 			host = linkStats(t, n.topo.Node, c.HostIf).Sub(host0)
-			segs = n.limit("out-segs").Totals.AdmittedPackets - out.AdmittedPackets
 			t.Logf("out: the pod's TCP sent %d segments (%d more again) in %d packets (%.0f bytes each); the limit counted %d",
 				sent.Out, sent.Retrans, host.RxPackets, float64(host.RxBytes)/float64(max(host.RxPackets, 1)), segs)
 			if host.RxPackets*4 > sent.Out {
