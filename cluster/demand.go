@@ -45,12 +45,18 @@ const (
 	// {"at": time, "demands": {...}}. A round counts the latest report
 	// an interval old (demand.Counted), which may be that one.
 	annotationPrevious = "rlagent.io/demand-previous"
+	// annotationKeyDemand holds the hot keys of the node's keyed limits
+	// with share demand: {"limit": {"key": units/s}}, as of
+	// spec.renewTime; a keyed limit without a hot key has {}. Absent when
+	// the node has no keyed demand-shared limit.
+	annotationKeyDemand = "rlagent.io/key-demand"
 )
 
 // previousReport is annotationPrevious's value.
 type previousReport struct {
-	At      metav1.MicroTime  `json:"at"`
-	Demands map[string]uint64 `json:"demands"`
+	At      metav1.MicroTime             `json:"at"`
+	Demands map[string]uint64            `json:"demands"`
+	Keys    map[string]map[string]uint64 `json:"keys,omitempty"`
 }
 
 // DemandConfig configures a node's demand reports.
@@ -80,6 +86,10 @@ type Demand struct {
 	// Threshold is the least change, units/s, worth a write (the limit's
 	// floor share, say).
 	Threshold float64
+	// Keys are, for a keyed limit, its hot keys' demands, units/s (nil:
+	// not keyed; empty: keyed, no key hot). A key moves by Moved and
+	// Threshold as Rate does; a key that appears or cools is a change.
+	Keys map[string]float64
 }
 
 // DemandPublisher writes this node's demand Lease.
@@ -87,9 +97,10 @@ type DemandPublisher struct {
 	cfg DemandConfig
 
 	mu        sync.Mutex
-	published map[string]uint64 // what the Lease says, once written
-	at        time.Time         // when it was written
-	tried     time.Time         // the last write, failed or not
+	published map[string]uint64            // what the Lease says, once written
+	keys      map[string]map[string]uint64 // and of the keyed limits' hot keys
+	at        time.Time                    // when it was written
+	tried     time.Time                    // the last write, failed or not
 }
 
 // NewDemandPublisher returns a publisher with cfg's defaults applied.
@@ -109,10 +120,12 @@ func NewDemandPublisher(cfg DemandConfig) *DemandPublisher {
 	return &DemandPublisher{cfg: cfg}
 }
 
-// DemandWrite is one write of the demand Lease: the demands and the time
-// the Lease says they are of (spec.renewTime, to the microsecond).
+// DemandWrite is one write of the demand Lease: the demands (and the
+// keyed limits' hot keys') and the time the Lease says they are of
+// (spec.renewTime, to the microsecond).
 type DemandWrite struct {
 	Demands map[string]uint64
+	Keys    map[string]map[string]uint64
 	At      time.Time
 }
 
@@ -153,21 +166,38 @@ func (p *DemandPublisher) Publish(ctx context.Context, ds []Demand) (*DemandWrit
 		return nil, nil
 	}
 	next := make(map[string]uint64, len(ds))
+	var keys map[string]map[string]uint64
 	changed := p.published == nil || now.Sub(p.at) >= p.cfg.KeepAlive || len(ds) != len(p.published)
 	for _, d := range ds {
 		next[d.Limit] = units(d.Rate)
 		old, ok := p.published[d.Limit]
 		changed = changed || !ok || demand.Moved(float64(old), d.Rate, p.cfg.Moved, d.Threshold)
+		if d.Keys == nil {
+			continue
+		}
+		if keys == nil {
+			keys = make(map[string]map[string]uint64)
+		}
+		ks := make(map[string]uint64, len(d.Keys))
+		was, had := p.keys[d.Limit]
+		changed = changed || !had || len(was) != len(d.Keys)
+		for k, rate := range d.Keys {
+			ks[k] = units(rate)
+			old, ok := was[k]
+			changed = changed || !ok || demand.Moved(float64(old), rate, p.cfg.Moved, d.Threshold)
+		}
+		keys[d.Limit] = ks
 	}
+	changed = changed || len(keys) != len(p.keys)
 	if !changed {
 		return nil, nil
 	}
 	p.tried = now
-	w := &DemandWrite{Demands: next, At: now}
-	if err := p.write(ctx, next, now); err != nil {
+	w := &DemandWrite{Demands: next, Keys: keys, At: now}
+	if err := p.write(ctx, next, keys, now); err != nil {
 		return w, err
 	}
-	p.published, p.at = next, now
+	p.published, p.keys, p.at = next, keys, now
 	return w, nil
 }
 
@@ -184,8 +214,12 @@ func units(rate float64) uint64 {
 	return uint64(rate + 0.5)
 }
 
-func (p *DemandPublisher) write(ctx context.Context, demands map[string]uint64, now time.Time) error {
+func (p *DemandPublisher) write(ctx context.Context, demands map[string]uint64, keys map[string]map[string]uint64, now time.Time) error {
 	value, err := json.Marshal(demands) // sorted keys: the same demands, the same bytes
+	if err != nil {
+		return err
+	}
+	keyValue, err := json.Marshal(keys)
 	if err != nil {
 		return err
 	}
@@ -204,6 +238,9 @@ func (p *DemandPublisher) write(ctx context.Context, demands map[string]uint64, 
 			Labels:      map[string]string{labelDemand: "node"},
 			Annotations: map[string]string{annotationDemand: string(value)},
 		}, Spec: spec}
+		if keys != nil {
+			l.Annotations[annotationKeyDemand] = string(keyValue)
+		}
 		if _, err := leases.Create(ctx, l, metav1.CreateOptions{}); err != nil {
 			return fmt.Errorf("create demand lease %s/%s: %w", p.cfg.Namespace, name, err)
 		}
@@ -215,8 +252,12 @@ func (p *DemandPublisher) write(ctx context.Context, demands map[string]uint64, 
 	prev := ""
 	if l.Spec.RenewTime != nil {
 		var cur map[string]uint64
+		var curKeys map[string]map[string]uint64
+		if raw, ok := l.Annotations[annotationKeyDemand]; ok && json.Unmarshal([]byte(raw), &curKeys) != nil {
+			curKeys = nil
+		}
 		if json.Unmarshal([]byte(l.Annotations[annotationDemand]), &cur) == nil {
-			b, err := json.Marshal(previousReport{At: *l.Spec.RenewTime, Demands: cur})
+			b, err := json.Marshal(previousReport{At: *l.Spec.RenewTime, Demands: cur, Keys: curKeys})
 			if err != nil {
 				return err
 			}
@@ -231,6 +272,11 @@ func (p *DemandPublisher) write(ctx context.Context, demands map[string]uint64, 
 	}
 	l.Labels[labelDemand] = "node"
 	l.Annotations[annotationDemand] = string(value)
+	if keys != nil {
+		l.Annotations[annotationKeyDemand] = string(keyValue)
+	} else {
+		delete(l.Annotations, annotationKeyDemand)
+	}
 	if prev != "" {
 		l.Annotations[annotationPrevious] = prev
 	} else {
@@ -272,10 +318,15 @@ func parseDemandLease(l *coordinationv1.Lease, now time.Time, maxAge time.Durati
 		return demand.NodeReport{}, false, fmt.Errorf("demand lease %s: annotation %s: %w", l.Name, annotationDemand, err)
 	}
 	nd := demand.NodeReport{Node: node, Demands: d, Renewed: renewed}
+	if raw, ok := l.Annotations[annotationKeyDemand]; ok {
+		if err := json.Unmarshal([]byte(raw), &nd.Keys); err != nil {
+			return demand.NodeReport{}, false, fmt.Errorf("demand lease %s: annotation %s: %w", l.Name, annotationKeyDemand, err)
+		}
+	}
 	if raw, ok := l.Annotations[annotationPrevious]; ok {
 		var p previousReport
 		if err := json.Unmarshal([]byte(raw), &p); err == nil && p.At.Before(&metav1.MicroTime{Time: renewed}) {
-			nd.Previous, nd.PrevAt = p.Demands, p.At.Time
+			nd.Previous, nd.PrevAt, nd.PrevKeys = p.Demands, p.At.Time, p.Keys
 		}
 	}
 	return nd, true, nil
