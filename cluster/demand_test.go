@@ -80,7 +80,7 @@ func TestDemandPublisher(t *testing.T) {
 	expectWrites(2)
 	clock.add(10 * time.Second)
 	publish(false, Demand{Limit: "web", Rate: 8000, Threshold: 60}, Demand{Limit: "api", Rate: 320, Threshold: 10}) // 6%: below Moved
-	publish(true, Demand{Limit: "web", Rate: 8000, Threshold: 60})                          // api is no longer demand-shared
+	publish(true, Demand{Limit: "web", Rate: 8000, Threshold: 60})                                                  // api is no longer demand-shared
 	expectWrites(3)
 	if got := p.Published(); len(got) != 1 || got["web"] != 8000 {
 		t.Fatalf("published %v, want only web", got)
