@@ -2,11 +2,8 @@ package maps
 
 import (
 	"cmp"
-	"errors"
 	"fmt"
 	"slices"
-
-	"github.com/cilium/ebpf"
 
 	"github.com/rlagent/rlagent/bpf"
 )
@@ -67,14 +64,13 @@ func (d *Datapath) HotKeys(since uint32) ([]HotKey, error) {
 		tick    uint32
 	}
 	sum := make(map[id]uint64)
-	err := readPerCPU(d.objs.RlHot, func(_ uint32, r *bpf.RatelimitRlHotRec) {
+	add := func(_ uint32, r *bpf.RatelimitRlHotRec) {
 		if r.Key.Gen == 0 || int32(r.Tick-since) < 0 {
 			return
 		}
-		k := id{r.Key.Limit, r.Key.Gen, r.Key.Addr, r.Tick}
-		sum[k] += r.ShortUnits
-	})
-	if err != nil {
+		sum[id{r.Key.Limit, r.Key.Gen, r.Key.Addr, r.Tick}] += r.ShortUnits
+	}
+	if err := readAll(d.objs.RlHot, 256, add, func() { clear(sum) }); err != nil {
 		return nil, fmt.Errorf("read hot keys: %w", err)
 	}
 	out := make([]HotKey, 0, len(sum))
@@ -90,45 +86,4 @@ func (d *Datapath) HotKeys(since uint32) ([]HotKey, error) {
 			a.Key.Addr.Compare(b.Key.Addr), cmp.Compare(a.Key.Protocol, b.Key.Protocol), cmp.Compare(a.Key.Port, b.Key.Port))
 	})
 	return out, nil
-}
-
-// readPerCPU calls each with every CPU's value of every entry of the
-// per-CPU array m, in batches where the kernel has them.
-func readPerCPU[V any](m *ebpf.Map, each func(key uint32, v *V)) error {
-	ncpu, err := ebpf.PossibleCPU()
-	if err != nil {
-		return err
-	}
-	const batch = 256
-	keys := make([]uint32, batch)
-	vals := make([]V, batch*ncpu)
-	var cursor ebpf.MapBatchCursor
-	for {
-		n, err := m.BatchLookup(&cursor, keys, vals, nil)
-		for i := range n {
-			for c := range ncpu {
-				each(keys[i], &vals[i*ncpu+c])
-			}
-		}
-		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			return nil
-		}
-		if errors.Is(err, ebpf.ErrNotSupported) {
-			break
-		}
-		if err != nil {
-			return err
-		}
-	}
-	// Entry by entry (a kernel without batch lookups of arrays).
-	per := make([]V, ncpu)
-	for k := uint32(0); k < m.MaxEntries(); k++ {
-		if err := m.Lookup(k, &per); err != nil {
-			return err
-		}
-		for c := range per {
-			each(k, &per[c])
-		}
-	}
-	return nil
 }

@@ -189,20 +189,31 @@ func (d *Datapath) KeyCounts() (map[uint32]int, error) {
 	return out, nil
 }
 
-// readAll calls each for every entry of m: in batches of up to batch
-// entries where the kernel has batch lookups, else entry by entry. A
-// kernel without batch lookups of m's type may say so after a first batch:
-// reset is called then, before the entries are read again one by one.
+// readAll calls each for every entry of m (of a per-CPU map, once a CPU):
+// in batches of up to batch entries where the kernel has batch lookups,
+// else entry by entry. A kernel without batch lookups of m's type may say
+// so after a first batch: reset is called then, before the entries are
+// read again one by one.
 func readAll[K, V any](m *ebpf.Map, batch int, each func(K, *V), reset func()) error {
+	per := 1
+	if perCPU(m.Type()) {
+		n, err := ebpf.PossibleCPU()
+		if err != nil {
+			return err
+		}
+		per = n
+	}
 	var (
 		cursor ebpf.MapBatchCursor
 		keys   = make([]K, batch)
-		vals   = make([]V, batch)
+		vals   = make([]V, batch*per)
 	)
 	for {
 		n, err := m.BatchLookup(&cursor, keys, vals, nil)
 		for i := range n {
-			each(keys[i], &vals[i])
+			for c := range per {
+				each(keys[i], &vals[i*per+c])
+			}
 		}
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
 			return nil
@@ -215,15 +226,31 @@ func readAll[K, V any](m *ebpf.Map, batch int, each func(K, *V), reset func()) e
 		}
 	}
 	reset()
-	var (
-		k K
-		v V
-	)
+	var k K
 	it := m.Iterate()
+	if per > 1 {
+		var vs []V
+		for it.Next(&k, &vs) {
+			for c := range vs {
+				each(k, &vs[c])
+			}
+		}
+		return it.Err()
+	}
+	var v V
 	for it.Next(&k, &v) {
 		each(k, &v)
 	}
 	return it.Err()
+}
+
+// perCPU says whether maps of type t hold a value per CPU.
+func perCPU(t ebpf.MapType) bool {
+	switch t {
+	case ebpf.PerCPUHash, ebpf.PerCPUArray, ebpf.LRUCPUHash, ebpf.PerCPUCGroupStorage:
+		return true
+	}
+	return false
 }
 
 // MetaIDs lists, in order, the ids whose metadata names a limit: the
