@@ -35,7 +35,7 @@ BPF_PACKAGES := clang llvm libbpf-dev
 # Tests read this to turn "needs root" and "kernel lacks X" skips into failures (CI sets it).
 export RLAGENT_REQUIRE_ROOT_TESTS
 
-.PHONY: help deps-bpf deps-test deps-node generate verify-generate build test test-k8s test-node test-scale test-fuzz bench demo clean
+.PHONY: help deps-bpf deps-test deps-node generate verify-generate build test test-k8s test-node test-scale test-keyed test-fuzz bench demo clean
 
 help: ## list targets and variables
 	@echo 'Usage: make <target> [VAR=value ...]'
@@ -153,6 +153,14 @@ test-scale: ## the scale test (test/k8s TestScale) at full size: SCALE_AGENTS ag
 	$(GO) run ./internal/k8stest/k8sbin >/dev/null
 	RLAGENT_SCALE_AGENTS=$(SCALE_AGENTS) RLAGENT_SCALE_SERVICES=$(SCALE_SERVICES) \
 		$(GO) test -count=1 -run '^TestScale$$' -v -timeout 30m $(TESTFLAGS) ./test/k8s/
+
+#: KEYED_INTERVAL=15s  the report interval of `make test-keyed` (make test runs TestKeyedDemandShares at 1s; its stale age is 5 and its windows 3 intervals)
+KEYED_INTERVAL ?= 15s
+
+test-keyed: ## keyed demand shares at full length (test/k8s TestKeyedDemandShares with KEYED_INTERVAL)
+	$(GO) run ./internal/k8stest/k8sbin >/dev/null
+	RLAGENT_KEYED_INTERVAL=$(KEYED_INTERVAL) \
+		$(GO) test -count=1 -run '^TestKeyedDemandShares$$' -v -timeout 60m $(TESTFLAGS) ./test/k8s/
 
 test-fuzz: ## fuzz the bpf/ packet parser (FUZZ, default FuzzParse) for FUZZTIME
 	$(GO) test -run '^$$' -fuzz '$(FUZZ)' -fuzztime $(FUZZTIME) ./bpf/

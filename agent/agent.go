@@ -66,16 +66,20 @@ type Agent struct {
 	source  watcher.Source
 	stopSrc context.CancelFunc
 	k8s     *watcher.Kubernetes
-	writer  *cluster.StatusWriter      // in a cluster, once statusLoop runs
-	ap      applier                    // writes the limits; what became of each (outcomes)
-	pending map[uint32]counterSnap     // counters read at the last tick
-	demand  map[string]*demandState    // share demand: by limit name
-	warned  map[string]string          // limit name -> last warning logged
-	protect protectState               // protect rules written (own lock)
-	lock    *pinLock                   // the pin directory's, for the agent's life
-	ifState map[string]InterfaceStatus // by attach.Point
-	logged  map[string]bool            // warnings logged once (logOnce)
-	health  health                     // own lock: the probes never wait for a reconcile
+	writer  *cluster.StatusWriter   // in a cluster, once statusLoop runs
+	ap      applier                 // writes the limits; what became of each (outcomes)
+	pending map[uint32]counterSnap  // counters read at the last tick
+	demand  map[string]*demandState // share demand: by limit name
+	// hotSince is the hot-key tick the next read of the data path's
+	// records starts at, once hotPrimed (observeHotKeys).
+	hotSince  uint32
+	hotPrimed bool
+	warned    map[string]string          // limit name -> last warning logged
+	protect   protectState               // protect rules written (own lock)
+	lock      *pinLock                   // the pin directory's, for the agent's life
+	ifState   map[string]InterfaceStatus // by attach.Point
+	logged    map[string]bool            // warnings logged once (logOnce)
+	health    health                     // own lock: the probes never wait for a reconcile
 
 	reconcileErrors prometheus.Counter
 

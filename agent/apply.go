@@ -31,6 +31,12 @@ type limitStore interface {
 	// batch; SetMeta writes one (a zero Meta clears it).
 	Metas() (map[uint32]maps.Meta, error)
 	SetMeta(id uint32, m maps.Meta) error
+	// KeyShares reads the keys of a keyed limit that have a share of
+	// their own, and SetKeyShares makes them the given ones (the
+	// decreases first, should it fail midway); an entry whose key kind
+	// changes loses them.
+	KeyShares(id uint32) (map[maps.Bucket]maps.KeyShare, error)
+	SetKeyShares(id uint32, shares map[maps.Bucket]maps.KeyShare) error
 }
 
 // applier applies plans to a limitStore: it compares each limit of the plan
@@ -250,6 +256,11 @@ func (ap *applier) apply(in *planInputs, hooksFirst func([]maps.Limit, []placeme
 			}
 		}
 	}
+	for _, d := range desired {
+		if err := ap.keyShares(&p, d); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	inPlan := make(map[string]bool, len(desired))
 	for _, d := range desired {
 		inPlan[d.name] = true
@@ -406,6 +417,28 @@ func (ap *applier) install(p *pass, d *desiredLimit) error {
 		d.enforced = o.enforced
 	}
 	return writeErr
+}
+
+// keyShares makes the key shares of d's entry d's, if the entry is the
+// version planned and records hot keys (or did: shares to remove), and they
+// differ. An entry kept from an earlier version keeps its key shares.
+func (ap *applier) keyShares(p *pass, d *desiredLimit) error {
+	cur, ok := p.held.limits[d.id]
+	if d.id == noID || !ok || d.enforced != d.source || !reflect.DeepEqual(cur, d.limit) || !cur.Hot && len(d.keyShares) == 0 {
+		return nil
+	}
+	held, err := ap.store.KeyShares(d.id)
+	if err != nil {
+		return fmt.Errorf("limit %s: %w", d.name, err)
+	}
+	if len(held) == len(d.keyShares) && reflect.DeepEqual(held, d.keyShares) || len(held) == 0 && len(d.keyShares) == 0 {
+		return nil
+	}
+	if err := ap.store.SetKeyShares(d.id, d.keyShares); err != nil {
+		return fmt.Errorf("limit %s: %w", d.name, err)
+	}
+	ap.log.Debug("key shares set", "limit", d.name, "keys", len(d.keyShares))
+	return nil
 }
 
 // samePrefixes reports whether two limits have the same source and

@@ -3,6 +3,8 @@ package agent
 import (
 	"fmt"
 	"net/netip"
+	"strconv"
+	"strings"
 
 	"github.com/rlagent/rlagent/api/v1alpha1"
 	"github.com/rlagent/rlagent/divide"
@@ -122,4 +124,35 @@ func prefixes(field string, in []string) ([]netip.Prefix, error) {
 		out = append(out, p)
 	}
 	return out, nil
+}
+
+// bucketOfKey is the data path's bucket of a key of spec's limit as the
+// nodes report it and the allocation lists it (v1alpha1's key format).
+func bucketOfKey(spec *v1alpha1.RateLimitSpec, key string) (maps.Bucket, error) {
+	key, err := spec.CanonicalKey(key)
+	if err != nil {
+		return maps.Bucket{}, err
+	}
+	switch spec.Key {
+	case v1alpha1.KeySrcPrefix, v1alpha1.KeyDstPrefix:
+		p := netip.MustParsePrefix(key)
+		return maps.Bucket{Addr: p.Addr(), Prefix: p.Bits()}, nil
+	case v1alpha1.KeyDstPort:
+		proto, port, _ := strings.Cut(key, "/")
+		n, _ := strconv.ParseUint(port, 10, 16)
+		return maps.Bucket{Protocol: protocols[v1alpha1.Protocol(proto)], Port: uint16(n)}, nil
+	}
+	return maps.Bucket{Addr: netip.MustParseAddr(key)}, nil
+}
+
+// keyOfBucket is a bucket's key in v1alpha1's key format, bucketOfKey's
+// inverse.
+func keyOfBucket(b maps.Bucket) string {
+	switch {
+	case !b.Addr.IsValid():
+		return b.Protocol.String() + "/" + strconv.FormatUint(uint64(b.Port), 10)
+	case b.Prefix > 0:
+		return netip.PrefixFrom(b.Addr, b.Prefix).Masked().String()
+	}
+	return b.Addr.String()
 }

@@ -52,6 +52,9 @@ type planInputs struct {
 	// demand is, by name of a limit with share demand, this node's rate
 	// from the demand step; a limit without one gets the equal share.
 	demand map[string]uint64
+	// keyShares is, by name of a keyed limit with share demand, the rates
+	// of its keys whose share is not the equal one (from the demand step).
+	keyShares map[string]map[string]uint64
 	// ids is the previous id assignment, by limit name.
 	ids map[string]uint32
 	// taken are the ids no new limit may take: names, entries and
@@ -108,6 +111,9 @@ type desiredLimit struct {
 	// by the current count: what stays enforced if this version does not
 	// fit. nil: the same version, or none.
 	prev *desiredLimit
+	// keyShares are the keys with a share of their own (a keyed limit
+	// with share demand; none otherwise), as the data path holds them.
+	keyShares map[maps.Bucket]maps.KeyShare
 
 	// Set by reconcile: what is enforced, and why it is not the limit as
 	// configured (state and note, see maps.MetaState).
@@ -244,8 +250,38 @@ func planLimit(in *planInputs, l *v1alpha1.Limit) *desiredLimit {
 		d.unfit = err
 		return d
 	}
+	if l.Share == v1alpha1.ShareDemand && ml.Key != maps.KeyNone && ml.Action != maps.Pace {
+		// Keyed demand shares: the data path records the hot keys, and
+		// the keys with an allocation get their own shares.
+		ml.Hot = true
+		d.keyShares = keyShares(spec, share, burst, in.keyShares[l.Name])
+	}
 	d.limit = ml
 	return d
+}
+
+// keyShares are the data path's key shares of a keyed limit whose equal
+// share is equal, from the keys' rates: each key's burst scales with its
+// rate as a node's does (divide.ByDemand). A key the data path cannot
+// hold (not one of the limit's) is left at the equal share.
+func keyShares(spec *v1alpha1.RateLimitSpec, equal divide.Share, burst uint64, rates map[string]uint64) map[maps.Bucket]maps.KeyShare {
+	if len(rates) == 0 {
+		return nil
+	}
+	out := make(map[maps.Bucket]maps.KeyShare, len(rates))
+	for key, rate := range rates {
+		b, err := bucketOfKey(spec, key)
+		if err != nil {
+			continue
+		}
+		s, _ := fit(divide.ByDemand(equal, spec.Rate, burst, rate))
+		ks := maps.KeyShare{Rate: s.Rate, Burst: min(s.Burst, maps.MaxBurstSeconds*s.Rate)}
+		if rate == 0 {
+			ks = maps.KeyShare{}
+		}
+		out[b] = ks
+	}
+	return out
 }
 
 // equalShare is a limit's equal share at this node: divided evenly by the

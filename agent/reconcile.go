@@ -3,6 +3,7 @@ package agent
 import (
 	"errors"
 	"fmt"
+	stdmaps "maps"
 	"time"
 
 	"github.com/rlagent/rlagent/api/v1alpha1"
@@ -50,6 +51,10 @@ func (a *Agent) reconcile() error {
 	if err := a.dp.SetSourceCheck(check); err != nil {
 		errs = append(errs, fmt.Errorf("endpointSourceCheck: %w", err))
 	}
+	// The hot-key tick of the keyed demand-shared limits.
+	if err := a.dp.SetHotTick(hotShift(a.demandParams().Interval.Duration)); err != nil {
+		errs = append(errs, fmt.Errorf("demandShares.interval: %w", err))
+	}
 	// Before a limit reaches its hook, its program runs there: a limit
 	// that moves to its endpoints (or gets a new one) is never written to
 	// a hook where nothing enforces it.
@@ -71,6 +76,7 @@ func (a *Agent) gather() *planInputs {
 		endpointHook: a.cfg.EndpointHook,
 		countFile:    a.cfg.Count.File != "",
 		demand:       make(map[string]uint64, len(a.demand)),
+		keyShares:    make(map[string]map[string]uint64),
 	}
 	for i := range in.limits {
 		l := &in.limits[i]
@@ -82,6 +88,10 @@ func (a *Agent) gather() *planInputs {
 		}
 	}
 	for name, st := range a.demand {
+		if st.keys != nil {
+			in.keyShares[name] = stdmaps.Clone(st.shares)
+			continue
+		}
 		in.demand[name] = st.node.Now()
 	}
 	// The endpoints of the versions enforced are looked up too (apply

@@ -29,6 +29,8 @@ type memStore struct {
 	failSet error
 	// log, if set, receives "set ID" and "delete ID", in order.
 	log *[]string
+	// keyShares: the keys with shares of their own, by limit id.
+	keyShares map[uint32]map[maps.Bucket]maps.KeyShare
 }
 
 func newMemStore(room int) *memStore {
@@ -63,6 +65,9 @@ func (s *memStore) SetLimit(id uint32, l maps.Limit) error {
 	if err := s.fits(next); err != nil {
 		s.full++
 		return fmt.Errorf("set limit %d: %w", id, err)
+	}
+	if old, had := s.limits[id]; had && (old.Key != l.Key || old.Prefix4 != l.Prefix4 || old.Prefix6 != l.Prefix6 || l.Key == maps.KeyNone || l.Action == maps.Pace) {
+		delete(s.keyShares, id) // a new key kind: other buckets
 	}
 	s.limits = next
 	s.sets++
@@ -103,10 +108,41 @@ func (s *memStore) fits(limits map[uint32]maps.Limit) error {
 	return nil
 }
 
+func (s *memStore) KeyShares(id uint32) (map[maps.Bucket]maps.KeyShare, error) {
+	if _, ok := s.limits[id]; !ok {
+		return nil, fmt.Errorf("key shares of limit %d: %w", id, maps.ErrUnknownLimit)
+	}
+	return cloneShares(s.keyShares[id]), nil
+}
+
+func (s *memStore) SetKeyShares(id uint32, shares map[maps.Bucket]maps.KeyShare) error {
+	l, ok := s.limits[id]
+	if !ok {
+		return fmt.Errorf("key shares of limit %d: %w", id, maps.ErrUnknownLimit)
+	}
+	if l.Key == maps.KeyNone || l.Action == maps.Pace {
+		return fmt.Errorf("key shares of limit %d: only a keyed limit that is not paced has them", id)
+	}
+	if s.keyShares == nil {
+		s.keyShares = make(map[uint32]map[maps.Bucket]maps.KeyShare)
+	}
+	s.keyShares[id] = cloneShares(shares)
+	return nil
+}
+
+func cloneShares(m map[maps.Bucket]maps.KeyShare) map[maps.Bucket]maps.KeyShare {
+	out := make(map[maps.Bucket]maps.KeyShare, len(m))
+	for b, ks := range m {
+		out[b] = ks
+	}
+	return out
+}
+
 func (s *memStore) DeleteLimit(id uint32) error {
 	if _, ok := s.limits[id]; !ok {
 		return fmt.Errorf("delete limit %d: %w", id, maps.ErrUnknownLimit)
 	}
+	delete(s.keyShares, id)
 	delete(s.limits, id)
 	delete(s.metas, id)
 	if s.log != nil {

@@ -64,6 +64,19 @@ func TestKeyShares(t *testing.T) {
 		within("10.0.0.1 over 100 ms at 5,000/s", admitted("10.0.0.1"), 500)
 		within("10.0.0.2 over 100 ms at 1,000/s", admitted("10.0.0.2"), 100)
 	}
+	// What the key took of its own share, leased a chunk at a time: its
+	// burst and three refills (2,000), to a chunk (5); the key without
+	// one has no usage.
+	use, err := d.KeyUsage()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := use[1][own]; got+5 < 2000 || got > 2000+5 {
+		t.Errorf("KeyUsage of 10.0.0.1 = %d, want the 2000 admitted under its share", got)
+	}
+	if len(use[1]) != 1 {
+		t.Errorf("KeyUsage of limit 1 = %v, want 10.0.0.1's alone", use[1])
+	}
 
 	// A change, to a bucket that is live in this CPU's cache.
 	setShares(map[maps.Bucket]maps.KeyShare{own: {Rate: 2000, Burst: 500}})

@@ -305,10 +305,11 @@ static __always_inline int rl_check_direct(const struct pkt *p, struct match *m,
 	const struct rl_params *pp = &lim->params[lim->active & 1];
 	bool created = false;
 
+	struct rl_override *ov = NULL;
+
 	if (lim->ov_epoch) {
 		/* A lookup a packet, on this rare path only. */
-		struct rl_override *ov = bpf_map_lookup_elem(&rl_overrides, &r->k);
-
+		ov = bpf_map_lookup_elem(&rl_overrides, &r->k);
 		if (ov)
 			pp = &ov->params;
 	}
@@ -321,6 +322,8 @@ static __always_inline int rl_check_direct(const struct pkt *p, struct match *m,
 	state = rl_lease_state(rl_draw(pool, pp, m->cost, *now), lim);
 	if (state == MATCH_ADMIT) {
 		rl_tomb_note(r->h, pool, pp, *now, created);
+		if (ov)
+			__sync_fetch_and_add(&ov->leased, m->cost);
 		return MATCH_ADMIT_DRAWN;
 	}
 	return state;
@@ -385,6 +388,7 @@ __noinline int rl_check(const struct pkt *p, struct rl_decision *d, __u32 i)
 	struct rl_limit_cpu *lc;
 	struct rl_pool *pool = NULL;
 	struct rl_key_slot *s = NULL;
+	struct rl_override *ov = NULL;
 	struct rl_limit *lim;
 	struct rl_cache *c;
 	struct match *m;
@@ -449,15 +453,12 @@ __noinline int rl_check(const struct pkt *p, struct rl_decision *d, __u32 i)
 		}
 		if (c->tokens >= m->cost)
 			return MATCH_ADMIT;
-		{
-			struct rl_override *ov = rl_key_override(s, &r.k, lim);
-
-			if (ov) {
-				/* A share of its own: its clock, and a seq that
-				 * no limit's retry wait was computed under. */
-				pp = &ov->params;
-				seq = ov->seq | 0x80000000;
-			}
+		ov = rl_key_override(s, &r.k, lim);
+		if (ov) {
+			/* A share of its own: its clock, and a seq that no
+			 * limit's retry wait was computed under. */
+			pp = &ov->params;
+			seq = ov->seq | 0x80000000;
 		}
 		pool = rl_bucket_pool(&r.k, r.h, &lc->stats, c, cached, pp, rl_now(&d->now), &created);
 		if (!pool) {
@@ -481,7 +482,13 @@ __noinline int rl_check(const struct pkt *p, struct rl_decision *d, __u32 i)
 		if (!pool)
 			return MATCH_FAIL_OPEN;
 	}
-	lr = rl_lease(pool, c, pp, seq, m->cost, rl_now(&d->now));
+	{
+		__u64 held = c->tokens;
+
+		lr = rl_lease(pool, c, pp, seq, m->cost, rl_now(&d->now));
+		if (ov && lr == RL_LEASE_OK && c->tokens > held)
+			__sync_fetch_and_add(&ov->leased, c->tokens - held);
+	}
 	if (h && lr == RL_LEASE_OK)
 		rl_tomb_note(h, pool, pp, d->now, created);
 	if (s && lr != RL_LEASE_OK && lim->hot)

@@ -329,6 +329,7 @@ type RatelimitRlOverride struct {
 	Params RatelimitRlParams
 	Seq    uint32
 	Pad    uint32
+	Leased uint64
 }
 
 type RatelimitRlPaceStats struct {

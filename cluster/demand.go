@@ -354,10 +354,17 @@ func nodeOf(l *coordinationv1.Lease, now time.Time, maxAge time.Duration) (strin
 }
 
 // allocationStatus is a round as the status holds it.
-func allocationStatus(r demand.Allocation, nodes int, asked uint64) *v1alpha1.Allocation {
-	a := &v1alpha1.Allocation{Round: r.Round, Floor: r.Level.Floor, Nodes: int32(nodes), Demand: asked, Time: metav1.NewTime(r.Time)}
+func allocationStatus(r demand.Allocation, nodes int, asked uint64, keys []demand.KeyLevel) *v1alpha1.Allocation {
+	a := &v1alpha1.Allocation{Round: r.Round, Floor: r.Level.Floor, Nodes: int32(min(nodes, math.MaxInt32)), Demand: asked, Time: metav1.NewTime(r.Time)}
 	if r.Level.Water != math.MaxUint64 {
 		a.Water = ptr.To(r.Level.Water)
+	}
+	for _, kl := range keys {
+		ka := v1alpha1.KeyAllocation{Key: kl.Key, Nodes: kl.Nodes}
+		if kl.Level.Water != math.MaxUint64 {
+			ka.Water = ptr.To(kl.Level.Water)
+		}
+		a.Keys = append(a.Keys, ka)
 	}
 	return a
 }

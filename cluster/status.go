@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -567,6 +568,9 @@ func (w *StatusWriter) sync(ctx context.Context, queue workqueue.TypedRateLimiti
 	}
 	if round != nil {
 		w.published(name, *round)
+		if a := next.Allocation; a != nil && len(a.Keys) > 0 {
+			w.log.Debug("keyed allocation written", "limit", name, "round", a.Round, "floor", a.Floor, "nodes", a.Nodes, "keys", len(a.Keys))
+		}
 	}
 	return nil
 }
@@ -603,8 +607,24 @@ func (w *StatusWriter) allocate(queue workqueue.TypedRateLimitingInterface[strin
 	// change is served in about a report interval (the lag, then the
 	// release round), and writes stay at most two a report interval.
 	round := p.Interval.Duration / 2
-	in := demand.Round(nodes, l.Name, l.Rate, *p.FloorPerMille, int(next.Replicas), now, round)
-	ds, countable := in.Demands, in.Countable
+	var (
+		level       demand.Level
+		fingerprint uint64
+		counted     int
+		asked       uint64
+		countable   time.Time
+		keys        []demand.KeyLevel
+	)
+	if l.Key == v1alpha1.KeyNone {
+		in := demand.Round(nodes, l.Name, l.Rate, *p.FloorPerMille, int(next.Replicas), now, round)
+		level, fingerprint, counted, asked, countable = in.Level, in.Fingerprint, len(in.Demands), in.Asked, in.Countable
+	} else {
+		// Each key a round of its own: the limit's level is the keys'
+		// floor alone (a key not listed is at its equal share).
+		in := demand.KeyRound(canonicalKeys(nodes, &l), l.Name, l.Rate, *p.FloorPerMille, int(next.Replicas), hotKeys(&l), now, round)
+		level = demand.Level{Water: math.MaxUint64, Floor: in.Floor}
+		fingerprint, counted, asked, countable, keys = in.Fingerprint, in.Nodes, in.Asked, in.Countable, in.Keys
+	}
 
 	w.mu.Lock()
 	a := w.allocs[l.Name]
@@ -616,8 +636,8 @@ func (w *StatusWriter) allocate(queue workqueue.TypedRateLimitingInterface[strin
 		w.allocs[l.Name] = a
 	}
 	a.Interval, a.KeepAlive = round, p.StaleAfter.Duration/3
-	r, write, again := a.Next(in.Level, in.Fingerprint, now)
-	if len(ds) == 0 {
+	r, write, again := a.Next(level, fingerprint, now)
+	if counted == 0 {
 		// No node counted yet (a new limit: the first reports are on
 		// their way): the nodes keep what they enforce until a round
 		// counts some.
@@ -644,8 +664,49 @@ func (w *StatusWriter) allocate(queue workqueue.TypedRateLimitingInterface[strin
 	if !write {
 		return demand.Allocation{}, false
 	}
-	next.Allocation = allocationStatus(r, len(ds), in.Asked)
+	next.Allocation = allocationStatus(r, counted, asked, keys)
 	return r, true
+}
+
+// canonicalKeys is nodes with l's hot keys in their canonical form
+// (v1alpha1.RateLimitSpec.CanonicalKey), those that are not keys of l left
+// out: a node's report, read from its own Lease, must not put into the
+// status what the schema or the other nodes cannot take. A key reported
+// twice in two forms counts once, with the higher demand.
+func canonicalKeys(nodes []demand.NodeReport, l *v1alpha1.Limit) []demand.NodeReport {
+	canon := func(keys map[string]uint64) map[string]uint64 {
+		if keys == nil {
+			return nil
+		}
+		out := make(map[string]uint64, len(keys))
+		for k, d := range keys {
+			if c, err := l.CanonicalKey(k); err == nil {
+				out[c] = max(out[c], d)
+			}
+		}
+		return out
+	}
+	out := make([]demand.NodeReport, len(nodes))
+	for i, n := range nodes {
+		out[i] = n
+		out[i].Keys, out[i].PrevKeys = nil, nil
+		if ks, ok := n.Keys[l.Name]; ok {
+			out[i].Keys = map[string]map[string]uint64{l.Name: canon(ks)}
+		}
+		if ks, ok := n.PrevKeys[l.Name]; ok {
+			out[i].PrevKeys = map[string]map[string]uint64{l.Name: canon(ks)}
+		}
+	}
+	return out
+}
+
+// hotKeys is how many keys of a keyed demand-shared limit a node reports
+// and the allocation holds at most (spec.hotKeys, defaulted).
+func hotKeys(l *v1alpha1.Limit) int {
+	if l.HotKeys != nil {
+		return int(min(max(*l.HotKeys, 0), v1alpha1.MaxHotKeys))
+	}
+	return v1alpha1.DefaultHotKeys
 }
 
 // published records a round written to a limit's status.

@@ -53,6 +53,11 @@ type KeyRoundInput struct {
 	Countable time.Time
 	// Floor is the least a node gets of a key in the allocation.
 	Floor uint64
+	// Nodes is how many nodes' reports the round counted (with or without
+	// hot keys), and Asked what the keys published asked for together
+	// (saturated).
+	Nodes int
+	Asked uint64
 }
 
 // KeyRound computes the round of a keyed limit whose keys each have the
@@ -124,7 +129,9 @@ func KeyRound(nodes []NodeReport, limit string, rate uint64, floorPerMille uint3
 	})
 	in.Keys = in.Keys[:min(len(in.Keys), max(k, 0))]
 	slices.SortFunc(in.Keys, func(a, b KeyLevel) int { return strings.Compare(a.Key, b.Key) })
+	in.Nodes = counted
 	for _, kl := range in.Keys {
+		in.Asked = satAdd(in.Asked, kl.Asked)
 		fmt.Fprintf(h, "=%s\x00%d\x00%d\x00", kl.Key, kl.Level.Water, kl.Level.Floor)
 	}
 	in.Fingerprint = h.Sum64()
@@ -237,6 +244,15 @@ func (ks *KeyNodes) Start(key string, share uint64, now time.Time) {
 		ks.nodes = make(map[string]*Node)
 	}
 	ks.node(key).Start(share, now)
+}
+
+// LastReport is the last demand of key recorded with Reported (ok false:
+// none).
+func (ks *KeyNodes) LastReport(key string) (Report, bool) {
+	if n := ks.nodes[key]; n != nil {
+		return n.LastReport()
+	}
+	return Report{}, false
 }
 
 // Len is the number of keys with a Node.

@@ -1,10 +1,12 @@
 package maps
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 
 	"github.com/cilium/ebpf"
 
@@ -37,7 +39,9 @@ type KeyShare struct {
 // without ports): it writes the new and changed ones and deletes those not
 // in shares. Each key's bucket goes on from its tokens now: its clock
 // continues from the limit's (or its previous share's) at the moment of
-// the write.
+// the write. Should the table fill midway (MaxKeyShares over all limits),
+// the removals and the decreases are written first and take effect, and
+// the error says what was not.
 func (d *Datapath) SetKeyShares(id uint32, shares map[Bucket]KeyShare) error {
 	in, ok := d.limits[id]
 	if !ok {
@@ -64,7 +68,30 @@ func (d *Datapath) SetKeyShares(id uint32, shares map[Bucket]KeyShare) error {
 		return fmt.Errorf("key shares of limit %d: %w", id, err)
 	}
 	cur := in.entry.Params[in.entry.Active&1]
+	// The keys that lose their share go first (room for the new ones),
+	// then the writes, those that lower a key's rate first: a table that
+	// fills midway leaves the decreases done, the increases not.
+	keep := func(k bpf.RatelimitRlBucketKey) bool { _, ok := keys[k]; return ok }
+	removed, err := d.overridesOf(id, in.entry.Gen, keep)
+	if err != nil {
+		return fmt.Errorf("key shares of limit %d: %w", id, err)
+	}
 	changed := false
+	var werr error
+	for k := range removed {
+		if err := d.objs.RlOverrides.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			werr = fmt.Errorf("key shares of limit %d: delete: %w", id, err)
+			delete(removed, k)
+			continue
+		}
+		changed = true
+	}
+	type write struct {
+		k    bpf.RatelimitRlBucketKey
+		ov   bpf.RatelimitRlOverride
+		down bool
+	}
+	var writes []write
 	for k, s := range keys {
 		var old bpf.RatelimitRlOverride
 		had := d.objs.RlOverrides.Lookup(k, &old) == nil
@@ -75,34 +102,35 @@ func (d *Datapath) SetKeyShares(id uint32, shares map[Bucket]KeyShare) error {
 		if had {
 			from = old.Params
 		}
-		ov := bpf.RatelimitRlOverride{
+		writes = append(writes, write{k: k, down: s.Rate < from.Rate, ov: bpf.RatelimitRlOverride{
 			Params: bpf.RatelimitRlParams{
 				Rate: s.Rate, Burst: s.Burst, Chunk: chunk(s.Rate, s.Burst, d.ncpu),
 				BaseNs: now, BaseV: vclock(&from, now),
 			},
 			Seq: old.Seq + 1,
-		}
-		if err := d.objs.RlOverrides.Put(k, &ov); err != nil {
-			if errors.Is(err, ebpf.ErrKeyNotExist) || errors.Is(err, ebpf.ErrNotSupported) {
-				return fmt.Errorf("key shares of limit %d: write: %w", id, err)
+		}})
+	}
+	slices.SortFunc(writes, func(a, b write) int {
+		if a.down != b.down {
+			if a.down {
+				return -1
 			}
-			return fmt.Errorf("key shares of limit %d: write (at most %d keys over all limits): %w", id, MaxKeyShares, err)
+			return 1
 		}
-		changed = true
-	}
-	keep := func(k bpf.RatelimitRlBucketKey) bool { _, ok := keys[k]; return ok }
-	removed, err := d.overridesOf(id, in.entry.Gen, keep)
-	if err != nil {
-		return fmt.Errorf("key shares of limit %d: %w", id, err)
-	}
-	for k := range removed {
-		if err := d.objs.RlOverrides.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("key shares of limit %d: delete: %w", id, err)
+		return cmp.Compare(a.ov.Params.Rate, b.ov.Params.Rate)
+	})
+	for _, w := range writes {
+		if werr != nil {
+			break
+		}
+		if err := d.objs.RlOverrides.Put(w.k, &w.ov); err != nil {
+			werr = fmt.Errorf("key shares of limit %d: write (at most %d keys over all limits): %w", id, MaxKeyShares, err)
+			break
 		}
 		changed = true
 	}
 	if !changed {
-		return nil
+		return werr
 	}
 	// Every CPU looks its keys up again.
 	e := in.entry
@@ -111,7 +139,7 @@ func (d *Datapath) SetKeyShares(id uint32, shares map[Bucket]KeyShare) error {
 		e.OvEpoch = 1
 	}
 	if err := d.objs.RlLimits.Put(id, &e); err != nil {
-		return fmt.Errorf("key shares of limit %d: write entry: %w", id, err)
+		return errors.Join(werr, fmt.Errorf("key shares of limit %d: write entry: %w", id, err))
 	}
 	next := make(map[uint32]*installed, len(d.limits))
 	maps.Copy(next, d.limits)
@@ -131,10 +159,12 @@ func (d *Datapath) SetKeyShares(id uint32, shares map[Bucket]KeyShare) error {
 		floor := vLim - min(vLim, cur.Burst)
 		pool.V_empty = floor + min(owed, cur.Burst)
 		if err := d.objs.RlBuckets.Update(k, &pool, ebpf.UpdateExist); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("key shares of limit %d: move a bucket to the limit's clock: %w", id, err)
+			return errors.Join(werr, fmt.Errorf("key shares of limit %d: move a bucket to the limit's clock: %w", id, err))
 		}
 	}
-	return nil
+	// What was written takes effect (the epoch above), also when a write
+	// failed: the caller tries the rest again.
+	return werr
 }
 
 // KeyShares returns the keys of limit id that have a share of their own.
@@ -144,6 +174,9 @@ func (d *Datapath) KeyShares(id uint32) (map[Bucket]KeyShare, error) {
 		return nil, fmt.Errorf("key shares of limit %d: %w", id, ErrUnknownLimit)
 	}
 	out := make(map[Bucket]KeyShare)
+	if d.objs.RlOverrides == nil {
+		return out, nil // pins of a version without key shares
+	}
 	var (
 		k  bpf.RatelimitRlBucketKey
 		ov bpf.RatelimitRlOverride
@@ -156,6 +189,37 @@ func (d *Datapath) KeyShares(id uint32) (map[Bucket]KeyShare, error) {
 	}
 	if err := it.Err(); err != nil {
 		return nil, fmt.Errorf("key shares of limit %d: %w", id, err)
+	}
+	return out, nil
+}
+
+// KeyUsage returns, by limit id and key, the units each key with a share
+// of its own has had from its bucket since its share was last written
+// (tokens leased to the CPUs' caches, or drawn without one): two reads
+// make the key's use of its share, to a lease (a millisecond of its rate).
+// A key whose share is written again starts at 0.
+func (d *Datapath) KeyUsage() (map[uint32]map[Bucket]uint64, error) {
+	out := make(map[uint32]map[Bucket]uint64)
+	if d.objs.RlOverrides == nil {
+		return out, nil
+	}
+	var (
+		k  bpf.RatelimitRlBucketKey
+		ov bpf.RatelimitRlOverride
+	)
+	it := d.objs.RlOverrides.Iterate()
+	for it.Next(&k, &ov) {
+		in, ok := d.limits[k.Limit]
+		if !ok || in.entry.Gen != k.Gen {
+			continue
+		}
+		if out[k.Limit] == nil {
+			out[k.Limit] = make(map[Bucket]uint64)
+		}
+		out[k.Limit][bucketOf(&in.limit, k.Addr)] = ov.Leased
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("key usage: %w", err)
 	}
 	return out, nil
 }

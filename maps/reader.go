@@ -127,6 +127,9 @@ func (r *Reader) GlobalStats() (GlobalStats, error) { return r.d.GlobalStats() }
 // KeyCounts counts the live buckets of every keyed limit.
 func (r *Reader) KeyCounts() (map[uint32]int, error) { return r.d.KeyCounts() }
 
+// KeyShares reads the keys of limit id that have a share of their own.
+func (r *Reader) KeyShares(id uint32) (map[Bucket]KeyShare, error) { return r.d.KeyShares(id) }
+
 // RemovePins removes the pinned maps in pinDir, of every layout, and the
 // symlink to the current one (rlagent cleanup). A map lives on while a
 // program or a descriptor uses it; links are removed by the caller first.

@@ -104,6 +104,7 @@ type Kubernetes struct {
 	limits   map[string]v1alpha1.Limit    // by name, valid or not
 	invalid  map[string]error             // names whose spec the agent rejects
 	allocs   map[string]demand.Allocation // share demand: status.allocation, by limit name
+	keys     map[string][]demand.KeyLevel // and, of a keyed limit, status.allocation.keys
 	obs      map[string]Observation       // by limit name
 	local    map[string][]Endpoint        // service scope: this node's ready endpoints
 	ports    map[string][]EndpointPort    // service scope: the Service's ports
@@ -139,6 +140,7 @@ func NewKubernetes(cfg KubernetesConfig) *Kubernetes {
 		limits:  make(map[string]v1alpha1.Limit),
 		invalid: make(map[string]error),
 		allocs:  make(map[string]demand.Allocation),
+		keys:    make(map[string][]demand.KeyLevel),
 		obs:     make(map[string]Observation),
 		local:   make(map[string][]Endpoint),
 		ports:   make(map[string][]EndpointPort),
@@ -384,6 +386,7 @@ func (k *Kubernetes) storeLimit(name string, rl *v1alpha1.RateLimit) bool {
 		delete(k.limits, name)
 		delete(k.invalid, name)
 		delete(k.allocs, name)
+		delete(k.keys, name)
 		delete(k.obs, name)
 		delete(k.local, name)
 		delete(k.ports, name)
@@ -394,12 +397,17 @@ func (k *Kubernetes) storeLimit(name string, rl *v1alpha1.RateLimit) bool {
 	l := v1alpha1.Limit{Name: name, RateLimitSpec: spec}
 	invalid := spec.Validate("spec")
 	var alloc demand.Allocation
+	var keys []demand.KeyLevel
 	if a := rl.Status.Allocation; a != nil && spec.Share == v1alpha1.ShareDemand {
 		alloc = AllocationOf(a)
+		if spec.Key != v1alpha1.KeyNone {
+			keys = KeyLevelsOf(a)
+		}
 	}
 	prev, had := k.limits[name]
 	changed := !had || !reflect.DeepEqual(prev.RateLimitSpec, spec) ||
-		fmt.Sprint(k.invalid[name]) != fmt.Sprint(invalid) || k.allocs[name] != alloc
+		fmt.Sprint(k.invalid[name]) != fmt.Sprint(invalid) || k.allocs[name] != alloc ||
+		!slices.Equal(k.keys[name], keys)
 	k.limits[name] = l
 	if invalid != nil {
 		k.invalid[name] = invalid
@@ -410,6 +418,11 @@ func (k *Kubernetes) storeLimit(name string, rl *v1alpha1.RateLimit) bool {
 		k.allocs[name] = alloc
 	} else {
 		delete(k.allocs, name)
+	}
+	if len(keys) > 0 {
+		k.keys[name] = keys
+	} else {
+		delete(k.keys, name)
 	}
 	return changed
 }
@@ -591,6 +604,14 @@ func (k *Kubernetes) Allocation(limit string) demand.Allocation {
 	return k.allocs[limit]
 }
 
+// AllocationKeys is the keys' levels in the allocation of a keyed limit
+// with share demand, sorted by key (nil: none). Not to be modified.
+func (k *Kubernetes) AllocationKeys(limit string) []demand.KeyLevel {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.keys[limit]
+}
+
 // RateLimit returns the RateLimit object as the lister holds it (not to be
 // modified), or nil.
 func (k *Kubernetes) RateLimit(name string) *v1alpha1.RateLimit {
@@ -611,4 +632,23 @@ func AllocationOf(a *v1alpha1.Allocation) demand.Allocation {
 		r.Level.Water = *a.Water
 	}
 	return r
+}
+
+// KeyLevelsOf is the keys' levels a keyed limit's allocation holds, sorted
+// by key; every key's floor is the allocation's. A key listed twice (the
+// schema's list map forbids it) counts once, at its first entry.
+func KeyLevelsOf(a *v1alpha1.Allocation) []demand.KeyLevel {
+	if a == nil || len(a.Keys) == 0 {
+		return nil
+	}
+	out := make([]demand.KeyLevel, 0, len(a.Keys))
+	for _, ka := range a.Keys {
+		kl := demand.KeyLevel{Key: ka.Key, Nodes: ka.Nodes, Level: demand.Level{Water: math.MaxUint64, Floor: a.Floor}}
+		if ka.Water != nil {
+			kl.Level.Water = *ka.Water
+		}
+		out = append(out, kl)
+	}
+	slices.SortStableFunc(out, func(x, y demand.KeyLevel) int { return strings.Compare(x.Key, y.Key) })
+	return slices.CompactFunc(out, func(x, y demand.KeyLevel) bool { return x.Key == y.Key })
 }

@@ -55,7 +55,11 @@ const (
 	MinDemandStaleIntervals     = 3
 	MaxDemandStaleAfter         = time.Hour
 	DefaultDemandFloorPerMille  = 10
-	MaxDemandFloorPerMille      = 20
+	// DefaultHotKeys is hotKeys' default, and MaxHotKeys its most: 256
+	// keys' allocations keep a RateLimit's status under 32 KiB.
+	DefaultHotKeys         = 256
+	MaxHotKeys             = 256
+	MaxDemandFloorPerMille = 20
 
 	// The reject budget's (RejectBudget): the kernel's own limits on
 	// its ICMP errors (net.ipv4.icmp_msgs_per_sec, icmp_msgs_burst).
@@ -183,6 +187,10 @@ func (s *RateLimitSpec) Default() {
 	}
 	if s.Share == "" {
 		s.Share = ShareEqual
+	}
+	if s.Share == ShareDemand && s.Key != KeyNone && s.HotKeys == nil {
+		k := int32(DefaultHotKeys)
+		s.HotKeys = &k
 	}
 	if s.Action == ActionPace && s.Horizon == nil {
 		s.Horizon = &metav1.Duration{Duration: DefaultHorizon}

@@ -165,6 +165,44 @@ type Allocation struct {
 	// whether it still counts (demandShares.staleAfter); a report counts
 	// in it if it was written at least an interval before.
 	Time metav1.Time `json:"time"`
+
+	// Keys are, for a keyed limit, the keys the nodes reported as hot,
+	// each with its own allocation (floor is every key's floor): at most
+	// spec.hotKeys, those asked for the most, sorted by key. A key not
+	// listed has its equal share, rate / replicas, on every node. For a
+	// keyed limit, water is absent and nodes and demand count the reports
+	// and what their keys asked for together.
+	// +kubebuilder:validation:MaxItems=256
+	// +listType=map
+	// +listMapKey=key
+	// +optional
+	Keys []KeyAllocation `json:"keys,omitempty"`
+}
+
+// KeyAllocation is one key's allocation in a round of a keyed limit: a
+// node that reported the key enforces max(floor, min(its demand, water)) for
+// it, the others the floor.
+//
+// +kubebuilder:object:generate=true
+type KeyAllocation struct {
+	// Key is the key as the nodes report it: an address (src-ip, dst-ip),
+	// a network (src-prefix, dst-prefix: 10.1.2.0/24), or a protocol and
+	// port (dst-port: tcp/443, udp/53; a packet without ports: tcp/0,
+	// udp/0, icmp/0, any/0).
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=64
+	Key string `json:"key"`
+
+	// Water is the most a node gets of the key, units/s; absent when every
+	// node that reported it gets all it asks for.
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	Water *uint64 `json:"water,omitempty"`
+
+	// Nodes is how many nodes' reports of the key the round counted.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=2147483647
+	Nodes int32 `json:"nodes"`
 }
 
 // RateLimitList is a list of RateLimits.

@@ -257,7 +257,8 @@ type Limit struct {
 // +kubebuilder:validation:XValidation:rule="!has(self.unit) || self.unit != 'connections' || !has(self.match.protocol) || self.match.protocol == 'tcp' || self.match.protocol == 'any'",message="unit connections counts TCP SYNs: it needs protocol tcp or any",fieldPath=".unit"
 // +kubebuilder:validation:XValidation:rule="!has(self.key) || self.key != 'dst-port' || !has(self.match.protocol) || self.match.protocol != 'icmp'",message="key dst-port needs protocol tcp, udp or any: icmp has no ports",fieldPath=".key"
 // +kubebuilder:validation:XValidation:rule="!has(self.share) || self.share != 'demand' || self.scope == 'nodes' || self.scope == 'service'",message="share demand needs scope nodes or service: the nodes report their demands and read the allocation through the cluster",fieldPath=".share"
-// +kubebuilder:validation:XValidation:rule="!has(self.share) || self.share != 'demand' || !has(self.key) || self.key == 'none'",message="share demand needs key none: a keyed limit gives each key the whole rate, and its demand is not one bucket's",fieldPath=".share"
+// +kubebuilder:validation:XValidation:rule="!has(self.share) || self.share != 'demand' || !has(self.action) || self.action != 'pace' || !has(self.key) || self.key == 'none'",message="share demand with a key cannot pace: a paced limit's departure times are kept per limit, not per key share",fieldPath=".share"
+// +kubebuilder:validation:XValidation:rule="!has(self.hotKeys) || (has(self.share) && self.share == 'demand' && has(self.key) && self.key != 'none')",message="hotKeys is only allowed with share demand and a key",fieldPath=".hotKeys"
 // +kubebuilder:validation:XValidation:rule="!has(self.burst) || self.rate > 4000000000 || self.burst <= self.rate * 3600",message="burst must be at most 3600 seconds of rate (rate x 3600)",fieldPath=".burst"
 type RateLimitSpec struct {
 	// Rate is the global rate, in units per second over all replicas; each
@@ -352,11 +353,27 @@ type RateLimitSpec struct {
 	// node whose traffic starts is served at once. Without a fresh
 	// allocation (no elected agent, the API server unreachable) the nodes
 	// go back to equal shares. See docs/kubernetes.md.
+	// With a key, every key is shared out on its own: a node reports the
+	// keys that run out of their equal share (at most hotKeys of them),
+	// and the allocation gives each reported key its own shares over the
+	// nodes (status.allocation.keys); every other key keeps rate /
+	// replicas on every node.
 	// (Optional) equal | demand; default equal. demand needs scope nodes
-	// or service and key none.
+	// or service; with a key, it is not allowed with action pace.
 	// +kubebuilder:default=equal
 	// +optional
 	Share Share `json:"share,omitempty"`
+
+	// HotKeys is, for a keyed limit with share demand, how many of its keys
+	// each node reports at most (those that ask the most over their equal
+	// share) and the allocation holds at most (those asked the most over
+	// the nodes). Keys beyond it keep their equal share: rate / replicas
+	// on every node.
+	// (Optional) Only with share demand and a key; 1..256; default 256.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=256
+	// +optional
+	HotKeys *int32 `json:"hotKeys,omitempty"`
 
 	// Attach is where the limit is enforced. uplink: on the node's
 	// interfaces (the config's interfaces; XDP for ingress, TC for egress),

@@ -274,11 +274,19 @@ func (s *RateLimitSpec) validate(path string, standalone bool) []error {
 		if s.Scope != ScopeNodes && s.Scope != ScopeService {
 			el.add(field(path, "share"), "demand needs scope nodes or service (scope is %q): the nodes report their demands and read the allocation through the cluster", s.Scope)
 		}
-		if s.Key != KeyNone {
-			el.add(field(path, "share"), "demand needs key none (key is %q): a keyed limit gives each key the whole rate, and its demand is not one bucket's", s.Key)
+		if s.Action == ActionPace && s.Key != KeyNone {
+			el.add(field(path, "share"), "demand with a key (%q) cannot pace: a paced limit's departure times are kept per limit, not per key share; use share equal, or key none", s.Key)
 		}
 	default:
 		el.add(field(path, "share"), "%s", notOneOf(s.Share, Shares))
+	}
+	if k := s.HotKeys; k != nil {
+		switch {
+		case s.Share != ShareDemand || s.Key == KeyNone:
+			el.add(field(path, "hotKeys"), "only allowed with share demand and a key (share is %q, key is %q)", s.Share, s.Key)
+		case *k < 1 || *k > MaxHotKeys:
+			el.add(field(path, "hotKeys"), "%d is not in 1..%d", *k, MaxHotKeys)
+		}
 	}
 	switch s.Attach {
 	case AttachUplink:

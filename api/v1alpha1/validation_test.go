@@ -382,7 +382,8 @@ func TestValidateAll(t *testing.T) {
 }
 
 // TestValidateStandalone checks the scopes that need Kubernetes: Validate
-// takes them, ValidateStandalone does not.
+// takes them, ValidateStandalone does not; and the rules of share demand
+// and hotKeys, which only those scopes reach.
 func TestValidateStandalone(t *testing.T) {
 	for _, s := range []RateLimitSpec{
 		{Rate: 10, Scope: ScopeNodes},
@@ -397,18 +398,62 @@ func TestValidateStandalone(t *testing.T) {
 			t.Errorf("ValidateStandalone(scope %s) = %v, want spec.scope: ... needs the Kubernetes watcher", s.Scope, err)
 		}
 	}
-	// share demand: with scope nodes or service and key none.
+	// share demand: with scope nodes or service, with or without a key.
 	for _, s := range []RateLimitSpec{
 		{Rate: 10, Scope: ScopeNodes, Share: ShareDemand},
 		{Rate: 10, Scope: ScopeService, Share: ShareDemand, Match: Match{Service: "default/web"}},
 	} {
-		s.Default()
-		if err := s.Validate("spec"); err != nil {
+		keyless := s
+		keyless.Default()
+		if err := keyless.Validate("spec"); err != nil {
 			t.Errorf("Validate(share demand, scope %s): %v", s.Scope, err)
 		}
-		s.Key = KeySrcIP
-		if err := s.Validate("spec"); err == nil || !strings.Contains(err.Error(), `spec.share: demand needs key none (key is "src-ip")`) {
-			t.Errorf("Validate(share demand, key src-ip) = %v, want spec.share: demand needs key none", err)
+		if keyless.HotKeys != nil {
+			t.Errorf("Default(share demand, key none, scope %s): hotKeys %d, want none", s.Scope, *keyless.HotKeys)
+		}
+		keyed := s
+		keyed.Key = KeySrcIP
+		keyed.Default()
+		if err := keyed.Validate("spec"); err != nil {
+			t.Errorf("Validate(share demand, key src-ip, scope %s): %v", s.Scope, err)
+		}
+		if keyed.HotKeys == nil || *keyed.HotKeys != DefaultHotKeys {
+			t.Errorf("Default(share demand, key src-ip, scope %s): hotKeys %v, want %d", s.Scope, keyed.HotKeys, DefaultHotKeys)
+		}
+	}
+	// What share demand and hotKeys refuse: each case breaks one rule, and
+	// its error is the only one.
+	for _, tt := range []struct {
+		name string
+		spec RateLimitSpec
+		want string
+	}{
+		{"demand paced with a key", RateLimitSpec{Rate: 10, Scope: ScopeNodes, Share: ShareDemand, Action: ActionPace,
+			Match: Match{Direction: DirectionEgress}, Key: KeyDstIP}, `spec.share: demand with a key ("dst-ip") cannot pace`},
+		{"hotKeys with share equal", RateLimitSpec{Rate: 10, Scope: ScopeNodes, Key: KeySrcIP, HotKeys: ptr(int32(16))},
+			`spec.hotKeys: only allowed with share demand and a key (share is "equal", key is "src-ip")`},
+		{"hotKeys without a key", RateLimitSpec{Rate: 10, Scope: ScopeNodes, Share: ShareDemand, HotKeys: ptr(int32(16))},
+			`spec.hotKeys: only allowed with share demand and a key (share is "demand", key is "none")`},
+		{"hotKeys 0", RateLimitSpec{Rate: 10, Scope: ScopeNodes, Share: ShareDemand, Key: KeySrcIP, HotKeys: ptr(int32(0))},
+			"spec.hotKeys: 0 is not in 1..256"},
+		{"hotKeys 257", RateLimitSpec{Rate: 10, Scope: ScopeNodes, Share: ShareDemand, Key: KeySrcIP, HotKeys: ptr(int32(MaxHotKeys + 1))},
+			"spec.hotKeys: 257 is not in 1..256"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s := tt.spec
+			s.Default()
+			errs := fieldErrors(t, s.Validate("spec"))
+			if len(errs) != 1 || !strings.HasPrefix(errs[0].Error(), tt.want) {
+				t.Errorf("Validate = %v, want only %s", errs, tt.want)
+			}
+		})
+	}
+	// hotKeys at its bounds.
+	for _, k := range []int32{1, MaxHotKeys} {
+		s := RateLimitSpec{Rate: 10, Scope: ScopeNodes, Share: ShareDemand, Key: KeyDstPort, HotKeys: ptr(k)}
+		s.Default()
+		if err := s.Validate("spec"); err != nil {
+			t.Errorf("Validate(hotKeys %d): %v", k, err)
 		}
 	}
 	// Without a path the fields are named from the spec.

@@ -395,6 +395,11 @@ struct rl_override {
 	struct rl_params params;
 	__u32 seq;
 	__u32 pad;
+	/* Units the key's bucket handed out (leases, draws) under this
+	 * override, for user space to measure the key's use of its share
+	 * (once a lease, not a packet). A write of the override starts it
+	 * at 0. */
+	__u64 leased;
 };
 
 /* A hot key: a keyed bucket that was short on this CPU in two consecutive
