@@ -274,12 +274,6 @@ func (a *Agent) observeDemand(name string, l *v1alpha1.Limit, st maps.Stats, now
 	}
 }
 
-// maxReportKeys is how many hot keys one node reports at most, over all
-// its keyed demand-shared limits: when their hotKeys sum to more, each
-// takes an equal part of it. At most about 70 bytes a key (an IPv6
-// network and a 20-digit demand) keeps a report under 64 KiB.
-const maxReportKeys = 900
-
 // hotKeyLimit is how many hot keys the limit name reports at most
 // (spec.hotKeys). Callers hold a.mu.
 func (a *Agent) hotKeyLimit(name string) int {
@@ -523,8 +517,8 @@ func (a *Agent) demandLoop(ctx context.Context) {
 				// traffic spread over keys under their shares writes
 				// nothing.
 				n := a.hotKeyLimit(name)
-				if hotKeysSum > maxReportKeys {
-					n = min(n, max(1, maxReportKeys/keyed))
+				if hotKeysSum > cluster.MaxReportKeys {
+					n = min(n, max(1, cluster.MaxReportKeys/keyed))
 				}
 				ds = append(ds, cluster.Demand{Limit: name, Threshold: max(1, float64(st.equal)/100),
 					Keys: st.hotDemands(n, now, p.Interval.Duration+every, 2*hotTick(p.Interval.Duration)+every, hotTick(p.Interval.Duration))})

@@ -59,6 +59,13 @@ type previousReport struct {
 	Keys    map[string]map[string]uint64 `json:"keys,omitempty"`
 }
 
+// MaxReportKeys is how many hot keys one node reports at most, over all
+// its keyed demand-shared limits (the agent gives each an equal part when
+// their hotKeys sum to more): at most about 70 bytes a key (an IPv6
+// network and a 20-digit demand) keep a report under 64 KiB
+// (TestKeyedSizes).
+const MaxReportKeys = 900
+
 // DemandConfig configures a node's demand reports.
 type DemandConfig struct {
 	Client    kubernetes.Interface

@@ -93,7 +93,16 @@ func TestMigrateLayout(t *testing.T) {
 			dir := testenv.BPFFS(t)
 			old := loadTest(t, Options{PinDir: dir, Clock: ClockTest, CPUs: 1, MaxBuckets: 1024})
 			mustSetClock(t, old, 1e9)
-			mustSetLimit(t, old, 7, limit)
+			keyed := limit
+			keyed.Hot = true // a keyed demand-shared limit: hot keys and a key's own share
+			mustSetLimit(t, old, 7, keyed)
+			if err := old.SetHotTick(DefaultHotShift); err != nil {
+				t.Fatal(err)
+			}
+			own := map[Bucket]KeyShare{{Protocol: UDP, Port: 5353}: {Rate: 50, Burst: 20}}
+			if err := old.SetKeyShares(7, own); err != nil {
+				t.Fatal(err)
+			}
 			mustPass(t, old, pkt, 2) // 3 tokens left
 			if old.Migrating() != nil {
 				t.Fatalf("a first Load migrates: %+v", old.Migrating())
@@ -119,11 +128,23 @@ func TestMigrateLayout(t *testing.T) {
 				if got := bucketsOf(t, d, 7); !reflect.DeepEqual(got, map[string]uint64{"53": 3}) {
 					t.Errorf("buckets after the migration %v, want 53: 3", got)
 				}
+				if got, err := d.KeyShares(7); err != nil || !reflect.DeepEqual(got, own) {
+					t.Errorf("key shares after the migration %v, %v; want %v", got, err, own)
+				}
+				if l, err := d.Limit(7); err != nil || !l.Hot {
+					t.Errorf("limit 7 after the migration: hot %v, %v; want hot", l.Hot, err)
+				}
+				if d.state.cfg.HotShift != DefaultHotShift {
+					t.Errorf("hot tick after the migration 2^%d ns, want 2^%d", d.state.cfg.HotShift, DefaultHotShift)
+				}
 			} else {
 				if len(mig.Copied) != 0 || len(d.IDs()) != 0 {
 					t.Errorf("across an epoch: copied %v, limits %v; want nothing", mig.Copied, d.IDs())
 				}
-				mustSetLimit(t, d, 7, limit) // the agent's reconcile
+				if got, err := d.KeyShares(7); err == nil && len(got) != 0 {
+					t.Errorf("across an epoch: key shares %v, want none", got)
+				}
+				mustSetLimit(t, d, 7, keyed) // the agent's reconcile
 			}
 
 			// The old program still enforces, with the old maps: 3 tokens.
