@@ -167,6 +167,9 @@ func Run(ctx context.Context, opts Options) error {
 			if opts.EphemeralPins {
 				a.log.Info("stopping; the pins are ephemeral (--ephemeral-pins): enforcement may end with the agent")
 			} else {
+				a.mu.Lock()
+				a.demandDown(time.Now())
+				a.mu.Unlock()
 				a.log.Info("stopping; the data path stays attached with the last shares")
 			}
 			return nil

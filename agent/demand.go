@@ -194,6 +194,44 @@ func (a *Agent) enforcedKeyShares(l *v1alpha1.Limit) map[string]uint64 {
 	return nil
 }
 
+// demandDown lowers, as the agent stops, every demand share of this node
+// above its equal share to it, the keys' included, and applies that. With
+// no agent, nothing steps this node's shares when the allocation goes
+// stale, while the other nodes fall back to their equal shares: a share
+// above it left behind would lift the sum above the rate (a restart that
+// takes the allocator with it takes longer than the stale age). A
+// decrease is always safe; the next agent starts from what the data path
+// holds. Callers hold a.mu.
+func (a *Agent) demandDown(now time.Time) {
+	lowered := 0
+	for _, st := range a.demand {
+		if st.equal == 0 {
+			continue // never stepped: nothing above it
+		}
+		if st.keys != nil {
+			for key, rate := range st.shares {
+				if rate > st.equal {
+					st.keys.Start(key, st.equal, now)
+					lowered++
+				}
+			}
+			continue
+		}
+		if st.node.Now() > st.equal {
+			st.node.Start(st.equal, now)
+			lowered++
+		}
+	}
+	if lowered == 0 {
+		return
+	}
+	if err := a.reconcile(); err != nil {
+		a.log.Warn("demand shares above the equal share not lowered as the agent stops", "shares", lowered, "error", err)
+		return
+	}
+	a.log.Info("demand shares above the equal share lowered to it as the agent stops", "shares", lowered)
+}
+
 // refuseDemand logs and counts an allocation the node does not follow
 // (demand.Node.Refused: it enforces as if the allocation were stale), once
 // a round, and its end. The status loop reports it as an Event on the

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -211,6 +212,26 @@ type node struct {
 	api   *forwarder // the API server, on B's loopback
 	// recv counts what arrives at B's UDP svcPort, on every address.
 	recv *nettest.Receiver
+	// config is the agent's config file, yml what it holds, and args
+	// the agent's command line (restart).
+	config, yml string
+	args        []string
+}
+
+// restart stops the node's agent (SIGTERM: the data path stays attached
+// with the last shares) and starts another with extra lines in its config
+// file, as an upgrade does; it waits until the new agent attached.
+func (nd *node) restart(t testing.TB, extra string) {
+	t.Helper()
+	start := time.Now()
+	nd.agent.Stop(syscall.SIGTERM, 20*time.Second)
+	stopped := time.Now()
+	if err := os.WriteFile(nd.config, []byte(nd.yml+extra), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	nd.agent = agenttest.StartAgent(t, nd.pair.B, rlagentBin, nd.args...)
+	nd.agent.WaitAttached(agenttest.AttachTimeout)
+	t.Logf("%s's agent: stopped in %v, the new one attached %v later", nd.name, ms(stopped.Sub(start)), ms(time.Since(stopped)))
 }
 
 // endpointAddr is the address of endpoint j (1..maxLocal) of node i: it is
@@ -271,14 +292,17 @@ func startClusterWith(t testing.TB, env *k8stest.Env, ns string, n int, extra st
 		}
 		nd.recv = nettest.StartReceiver(conn, nettest.ReceiverConfig{Span: 3 * time.Minute})
 		t.Cleanup(func() { nd.recv.Close() })
-		nd.agent = agenttest.StartAgent(t, nd.pair.B, rlagentBin,
+		nd.config, nd.yml = config, yml
+		nd.args = []string{
 			"--config", config,
 			"--kubeconfig", env.Kubeconfig,
 			"--node-name", nd.name,
 			"--agent-namespace", ns,
 			"--agent-daemonset", agentDaemonSet,
-			"--pod-name", "rlagent-"+nd.name,
-			"--log-level", "debug")
+			"--pod-name", "rlagent-" + nd.name,
+			"--log-level", "debug",
+		}
+		nd.agent = agenttest.StartAgent(t, nd.pair.B, rlagentBin, nd.args...)
 		c.nodes = append(c.nodes, nd)
 	}
 	for _, nd := range c.nodes {

@@ -149,6 +149,30 @@ func TestKeyedDemandShares(t *testing.T) {
 	got = c.measureKeyed("(c) share demand, 2R through node 2", senders, time.Now().Add(interval/2), window)
 	checkKeyed(t, "(c)", got, conv, 3*interval+time.Second)
 
+	// Node 2's agent upgraded to another layout of its maps (maxBuckets):
+	// the new agent migrates the pins, the key's own share with them, and
+	// the key is enforced throughout, never above R over the nodes (the
+	// monitor's peak, below). Not knowing which of its reports the last
+	// round counted, the new agent takes the key's floor until a round
+	// counts one of its own (as for a key-less limit): back at R - 2
+	// floors within 3 intervals (and a second) of its start.
+	stopping := time.Now()
+	c.nodes[1].restart(t, "maxBuckets: 131072\n")
+	restarted := time.Now()
+	t.Logf("node 2's agent stopped and the new one attached in %v", ms(restarted.Sub(stopping)))
+	if !c.nodes[1].agent.WaitLog(testenv.Timeout(5*time.Second), "pin layout migrated") {
+		t.Errorf("node 2's new agent did not migrate its pins to the new layout")
+	}
+	conv = c.waitKeyShares(mon, "node 2's agent upgraded", []uint64{floor, keyedRate - 2*floor, floor}, restarted, 8*interval)
+	if conv > 3*interval+time.Second {
+		t.Errorf("node 2's agent upgraded: the key's shares back %v after the restart, want within %v", ms(conv), 3*interval+time.Second)
+	}
+	if got := nodeAdmitted(c.nodes[1], stopping, time.Now()); got > 1.03*keyedRate {
+		t.Errorf("node 2's agent upgraded: admitted %.0f pkt/s of the source across the restart, above R = %d", got, keyedRate)
+	} else {
+		t.Logf("node 2's agent upgraded: admitted %.0f pkt/s of the source across the restart (%v), R = %d", got, ms(time.Since(stopping)), keyedRate)
+	}
+
 	// (d) A flood of one-packet sources at node 1: nothing is reported.
 	c.floodSources(t, flood, interval)
 
@@ -188,6 +212,13 @@ func TestKeyedDemandShares(t *testing.T) {
 	mon.stop()
 
 	c.keyedEgress(t, interval, window)
+}
+
+// nodeAdmitted is what node nd admitted of its service port's traffic in
+// [from, to), per second.
+func nodeAdmitted(nd *node, from, to time.Time) float64 {
+	time.Sleep(time.Until(to.Add(late)))
+	return nd.recv.Got().Rate(from, to)
 }
 
 // checkKeyed checks a steady phase: R admitted within 3%, the shares
