@@ -360,6 +360,13 @@ func BenchmarkXDP(b *testing.B) {
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) { benchCase(b, base, c) })
 	}
+	// The keyed cases again, each paired in every round with itself as a
+	// demand-shared limit has it (issue 24).
+	for _, c := range cases {
+		if c.keys > 0 {
+			b.Run(c.name+"-shares=256", func(b *testing.B) { benchKeyShares(b, base, c) })
+		}
+	}
 	b.Run("cpus=2", func(b *testing.B) { benchTwoCPUs(b, base, highLimit, xdpPass) })
 	b.Run("cpus=2-overload", func(b *testing.B) { benchTwoCPUs(b, base, overloadLimit, -1) })
 	b.Run("reject-overload=1", func(b *testing.B) { benchRejectFlood(b, base) })
@@ -503,6 +510,110 @@ func benchCase(b *testing.B, base *ebpf.Program, c xdpCase) {
 	refs.check(b, floor, c.verdict)
 	checkStats(b, d, c)
 	checkStats(b, rd, c)
+}
+
+// keyShares is how many keys have a share of their own in the -shares=256
+// cases.
+const keyShares = 256
+
+// sharesOf returns the keys' own shares of a -shares=256 case whose sources
+// cycle over keys addresses: half of them keys of that traffic, spread over
+// its cycle, and half keys it never sends from (the addresses after the
+// cycle's). A demand-shared limit gives shares to the keys that were hot,
+// and some of those go quiet while their shares stand; the traffic's other
+// keys, which have none, then look up a table that holds entries. Each
+// share is half the limit's rate and burst, still thousands of times what
+// a key is offered here, so every packet passes.
+func sharesOf(l maps.Limit, keys uint32) map[maps.Bucket]maps.KeyShare {
+	share := maps.KeyShare{Rate: l.Rate / 2, Burst: l.Burst / 2}
+	// The cycler's i-th source, 10.0.0.0 + i.
+	nth := func(i uint32) netip.Addr { return netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}) }
+	out := make(map[maps.Bucket]maps.KeyShare, keyShares)
+	for j := range uint32(keyShares / 2) {
+		out[maps.Bucket{Addr: nth(j * keys / (keyShares / 2))}] = share
+		out[maps.Bucket{Addr: nth(keys + j)}] = share
+	}
+	return out
+}
+
+// benchKeyShares measures keyed case c twice in every round, back to back:
+// as c is (no key has a share of its own, no hot keys), and as a keyed
+// demand-shared limit is in production (Hot set, the default hot-key tick,
+// keyShares keys with a share of their own, sharesOf), each on a Datapath
+// of its own behind a cycler of its own. It reports the second's
+// ns/packet and x-baseline (the cycler's cost taken out, as in benchCase)
+// and x-noshares: the median over the rounds of the paired ratio with /
+// without, with its spread, the least and the greatest of the rounds
+// (x-noshares-min, x-noshares-max).
+//
+// A key takes its share's params when a CPU takes the key's cache way
+// (rl_key_override): with 1M keys that is every packet, a lookup in
+// rl_overrides that finds a share for 128 of the 1M keys; with 1k keys,
+// which keep their ways, almost never. The pass path is measured: hot keys
+// are recorded only when a bucket turns packets away.
+//
+// Which of the two runs first alternates from round to round, so that
+// what one leaves in the caches for the next does not favour a side.
+func benchKeyShares(b *testing.B, base *ebpf.Program, c xdpCase) {
+	plain := newDatapath(b, c.opts)
+	for id, l := range c.limits {
+		mustSet(b, plain, uint32(id), l)
+	}
+	d := newDatapath(b, c.opts)
+	if err := d.SetHotTick(maps.DefaultHotShift); err != nil {
+		b.Fatal(err)
+	}
+	hot := c.limits[0]
+	hot.Hot = true
+	mustSet(b, d, 0, hot)
+	for id, l := range c.limits[1:] {
+		mustSet(b, d, uint32(id+1), l)
+	}
+	shares := sharesOf(hot, c.keys)
+	if err := d.SetKeyShares(0, shares); err != nil {
+		b.Fatal(err)
+	}
+	pkt := benchPacket()
+	plainProg, prog, cycledBase := cycler(b, plain.Program(), c.keys), cycler(b, d.Program(), c.keys), cycler(b, base, c.keys)
+	warm := max(1<<16, 2*int(c.keys))
+	mustRunNs(b, plainProg, pkt, warm, c.verdict)
+	mustRunNs(b, prog, pkt, warm, c.verdict)
+	mustRunNs(b, cycledBase, pkt, warm, xdpPass)
+	b.ResetTimer()
+
+	n := perRound(b)
+	var ns, ratio, vsPlain []float64
+	for r := range rounds {
+		bns := mustRunNs(b, base, pkt, n, xdpPass)
+		var pns, sns float64
+		if r%2 == 0 {
+			pns = mustRunNs(b, plainProg, pkt, n, c.verdict)
+			sns = mustRunNs(b, prog, pkt, n, c.verdict)
+		} else {
+			sns = mustRunNs(b, prog, pkt, n, c.verdict)
+			pns = mustRunNs(b, plainProg, pkt, n, c.verdict)
+		}
+		cyc := mustRunNs(b, cycledBase, pkt, n, xdpPass) - bns
+		pns, sns = pns-cyc, sns-cyc
+		ns, ratio, vsPlain = append(ns, sns), append(ratio, sns/bns), append(vsPlain, sns/pns)
+	}
+	b.StopTimer()
+	b.ReportMetric(median(ns), "ns/packet")
+	b.ReportMetric(median(ratio), "x-baseline")
+	b.ReportMetric(median(vsPlain), "x-noshares")
+	b.ReportMetric(slices.Min(vsPlain), "x-noshares-min")
+	b.ReportMetric(slices.Max(vsPlain), "x-noshares-max")
+
+	checkStats(b, plain, c)
+	checkStats(b, d, c)
+	// The shares were in the map, read back, when the rounds ended.
+	got, err := d.KeyShares(0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if len(got) != len(shares) {
+		b.Fatalf("%d keys have a share of their own, want %d", len(got), len(shares))
+	}
 }
 
 // checkStats makes sure the case measured the path it claims to.
