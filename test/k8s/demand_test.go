@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"net"
 	"net/netip"
 	"strings"
 	"sync"
@@ -136,15 +137,7 @@ func TestDemandShares(t *testing.T) {
 	// its equal share.
 	last := c.allocation(name)
 	cut := time.Now()
-	for _, nd := range c.nodes {
-		nd.api.down()
-	}
-	upAgain := sync.OnceFunc(func() {
-		for _, nd := range c.nodes {
-			nd.api.up()
-		}
-	})
-	t.Cleanup(upAgain)
+	upAgain := c.cutAPIServer()
 	// Every node on its equal share when the allocation is staleAfter
 	// old, to the agents' 1 s tick and the monitor's poll.
 	deadline := last.Time.Add(demandStaleAfter + 2*time.Second)
@@ -179,6 +172,22 @@ func TestDemandShares(t *testing.T) {
 	}
 }
 
+// cutAPIServer takes the API server out of every node's reach (no
+// allocator, no reports) and returns what brings it back; the test's
+// cleanup brings it back too.
+func (c *cluster) cutAPIServer() (upAgain func()) {
+	for _, nd := range c.nodes {
+		nd.api.down()
+	}
+	upAgain = sync.OnceFunc(func() {
+		for _, nd := range c.nodes {
+			nd.api.up()
+		}
+	})
+	c.t.Cleanup(upAgain)
+	return upAgain
+}
+
 // demandWants is each node's share under demand shares for the offered
 // rates: the allocation of demand.Allocate over them.
 func demandWants(offered []float64, floor uint64) []uint64 {
@@ -208,18 +217,25 @@ func (c *cluster) startDemandSenders() []*nettest.Sender {
 		// polls and the agents' rounds compete for two CPUs (with 10 ms,
 		// the senders fell ~4% short while the test polled): the bursts,
 		// 50 ms of a node's rate, fit the buckets' 100 ms.
-		s, err := nettest.StartSender(conn, nettest.SenderConfig{Count: 1_500_000, Duration: 4 * time.Minute, CatchUp: 50 * time.Millisecond})
-		if err != nil {
-			conn.Close()
-			c.t.Fatal(err)
-		}
-		c.t.Cleanup(func() {
-			s.Stop()
-			conn.Close()
-		})
-		out = append(out, s)
+		out = append(out, c.startOn(conn, nettest.SenderConfig{Count: 1_500_000, Duration: 4 * time.Minute, CatchUp: 50 * time.Millisecond}))
 	}
 	return out
+}
+
+// startOn starts a sender on conn; the test's cleanup stops it and closes
+// conn.
+func (c *cluster) startOn(conn *net.UDPConn, cfg nettest.SenderConfig) *nettest.Sender {
+	c.t.Helper()
+	s, err := nettest.StartSender(conn, cfg)
+	if err != nil {
+		conn.Close()
+		c.t.Fatal(err)
+	}
+	c.t.Cleanup(func() {
+		s.Stop()
+		conn.Close()
+	})
+	return s
 }
 
 // phase is what one window measured: each node's offered and admitted
@@ -400,6 +416,23 @@ type shareMonitor struct {
 }
 
 func (c *cluster) monitorShares(name string) *shareMonitor {
+	return c.monitor(func(dir string) uint64 {
+		st, err := agent.ReadStatus(dir)
+		if err != nil {
+			return 0
+		}
+		for _, s := range st {
+			if s.Name == name {
+				return s.ShareRate
+			}
+		}
+		return 0
+	})
+}
+
+// monitor polls share, read from each node's pinned maps, every 100 ms
+// for at most 5 minutes.
+func (c *cluster) monitor(share func(pinDir string) uint64) *shareMonitor {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	m := &shareMonitor{cancel: cancel, done: make(chan struct{}), last: make([]uint64, len(c.nodes))}
 	dirs := make([]string, len(c.nodes))
@@ -414,15 +447,7 @@ func (c *cluster) monitorShares(name string) *shareMonitor {
 			shares := make([]uint64, len(dirs))
 			var sum uint64
 			for i, dir := range dirs {
-				st, err := agent.ReadStatus(dir)
-				if err != nil {
-					continue
-				}
-				for _, s := range st {
-					if s.Name == name {
-						shares[i] = s.ShareRate
-					}
-				}
+				shares[i] = share(dir)
 				sum += shares[i]
 			}
 			m.mu.Lock()

@@ -179,15 +179,7 @@ func TestKeyedDemandShares(t *testing.T) {
 	// (e) The allocator cut off: every node back on R/3 for the key.
 	last := c.allocation(name)
 	cut := time.Now()
-	for _, nd := range c.nodes {
-		nd.api.down()
-	}
-	upAgain := sync.OnceFunc(func() {
-		for _, nd := range c.nodes {
-			nd.api.up()
-		}
-	})
-	t.Cleanup(upAgain)
+	upAgain := c.cutAPIServer()
 	deadline := last.Time.Add(staleAfter + 2*time.Second)
 	for {
 		shares := mon.now()
@@ -295,16 +287,7 @@ func (c *cluster) startSender(ns *nettest.NS, src netip.Addr, dst netip.AddrPort
 	if err != nil {
 		c.t.Fatalf("dial %s from %s in %s: %v", dst, src, ns.Name, err)
 	}
-	s, err := nettest.StartSender(conn, nettest.SenderConfig{Count: 2_000_000, Duration: 4 * time.Minute, CatchUp: 50 * time.Millisecond})
-	if err != nil {
-		conn.Close()
-		c.t.Fatal(err)
-	}
-	c.t.Cleanup(func() {
-		s.Stop()
-		conn.Close()
-	})
-	return s
+	return c.startOn(conn, nettest.SenderConfig{Count: 2_000_000, Duration: 4 * time.Minute, CatchUp: 50 * time.Millisecond})
 }
 
 // measureKeyed waits for the window [from, from+d) to pass and returns
@@ -330,7 +313,7 @@ func (c *cluster) measureKeyed(what string, senders []*nettest.Sender, from time
 
 // waitKeyShares waits until every node's share of the key is within 5%
 // (or twice the floor) of its want, and returns how long after since.
-func (c *cluster) waitKeyShares(mon *keyMonitor, what string, wants []uint64, since time.Time, timeout time.Duration) time.Duration {
+func (c *cluster) waitKeyShares(mon *shareMonitor, what string, wants []uint64, since time.Time, timeout time.Duration) time.Duration {
 	c.t.Helper()
 	floor := uint64(keyedRate * keyedPerMill / 1000 / 3)
 	for {
@@ -352,48 +335,10 @@ func (c *cluster) waitKeyShares(mon *keyMonitor, what string, wants []uint64, si
 	}
 }
 
-// keyMonitor polls every node's share of one key of a limit from its
-// pinned maps (the key's own share, else the limit's), and keeps the
-// largest sum.
-type keyMonitor struct {
-	mu     sync.Mutex
-	last   []uint64
-	max    uint64
-	maxAt  time.Time
-	n      int
-	cancel context.CancelFunc
-	done   chan struct{}
-}
-
-func (c *cluster) monitorKeyShares(name string, key netip.Addr) *keyMonitor {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	m := &keyMonitor{cancel: cancel, done: make(chan struct{}), last: make([]uint64, len(c.nodes))}
-	go func() {
-		defer close(m.done)
-		t := time.NewTicker(100 * time.Millisecond)
-		defer t.Stop()
-		for {
-			shares := make([]uint64, len(c.nodes))
-			var sum uint64
-			for i, nd := range c.nodes {
-				shares[i] = keyShare(nd.pins.Dir, name, key)
-				sum += shares[i]
-			}
-			m.mu.Lock()
-			m.last, m.n = shares, m.n+1
-			if sum > m.max {
-				m.max, m.maxAt = sum, time.Now()
-			}
-			m.mu.Unlock()
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-		}
-	}()
-	c.t.Cleanup(m.stop)
-	return m
+// monitorKeyShares polls every node's share of one key of a limit (its
+// own share, else the limit's).
+func (c *cluster) monitorKeyShares(name string, key netip.Addr) *shareMonitor {
+	return c.monitor(func(dir string) uint64 { return keyShare(dir, name, key) })
 }
 
 // keyShare is the node's share of key in the limit name, read from the
@@ -424,29 +369,6 @@ func keyShare(dir, name string, key netip.Addr) uint64 {
 		return l.Rate
 	}
 	return 0
-}
-
-func (m *keyMonitor) stop() {
-	m.cancel()
-	<-m.done
-}
-
-func (m *keyMonitor) now() []uint64 {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return append([]uint64(nil), m.last...)
-}
-
-func (m *keyMonitor) peak() (uint64, time.Time) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.max, m.maxAt
-}
-
-func (m *keyMonitor) polls() int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.n
 }
 
 // floodSources sends, from node 1's client, floodSources crafted frames a

@@ -85,18 +85,9 @@ func (c *cluster) startSenders(l layout) []*nettest.Sender {
 			if err != nil {
 				c.t.Fatal(err)
 			}
-			s, err := nettest.StartSender(conn, nettest.SenderConfig{
+			out = append(out, c.startOn(conn, nettest.SenderConfig{
 				Rate: 2 * float64(wants[i].share) / float64(n), Count: senderMax, Duration: senderSpan,
-			})
-			if err != nil {
-				conn.Close()
-				c.t.Fatal(err)
-			}
-			c.t.Cleanup(func() {
-				s.Stop()
-				conn.Close()
-			})
-			out = append(out, s)
+			}))
 		}
 	}
 	return out
