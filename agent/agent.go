@@ -67,6 +67,9 @@ type Agent struct {
 	stopSrc context.CancelFunc
 	k8s     *watcher.Kubernetes
 	writer  *cluster.StatusWriter   // in a cluster, once statusLoop runs
+	// writerDone is closed when the status writer's candidacy ended (its
+	// Lease released, if it held it).
+	writerDone chan struct{}
 	ap      applier                 // writes the limits; what became of each (outcomes)
 	pending map[uint32]counterSnap  // counters read at the last tick
 	demand  map[string]*demandState // share demand: by limit name
@@ -155,6 +158,7 @@ func Run(ctx context.Context, opts Options) error {
 	go a.watchConfig(ctx)
 	go a.watchLinks(ctx)
 	if a.k8s != nil {
+		a.writerDone = make(chan struct{})
 		go a.statusLoop(ctx)
 		go a.demandLoop(ctx)
 	}
@@ -170,6 +174,7 @@ func Run(ctx context.Context, opts Options) error {
 				a.mu.Lock()
 				a.demandDown(time.Now())
 				a.mu.Unlock()
+				a.waitWriter(5 * time.Second)
 				a.log.Info("stopping; the data path stays attached with the last shares")
 			}
 			return nil
@@ -203,6 +208,21 @@ func (a *Agent) wake() {
 	select {
 	case a.notify <- struct{}{}:
 	default:
+	}
+}
+
+// waitWriter waits, at most timeout, for the status writer's candidacy to
+// end: an agent that writes the status releases its Lease as it stops, so
+// that another takes over within the election's retry period (2 s), not
+// when the Lease expires (15 s: the allocation would go stale meanwhile).
+func (a *Agent) waitWriter(timeout time.Duration) {
+	if a.writerDone == nil {
+		return
+	}
+	select {
+	case <-a.writerDone:
+	case <-time.After(timeout):
+		a.log.Warn("the status writer did not stop in time; another agent takes over when its Lease expires", "waited", timeout)
 	}
 }
 
@@ -517,7 +537,10 @@ func (a *Agent) statusLoop(ctx context.Context) {
 	a.writer = w
 	a.configureWriter()
 	a.mu.Unlock()
-	go w.Run(ctx)
+	go func() {
+		defer close(a.writerDone)
+		w.Run(ctx)
+	}()
 
 	t := time.NewTicker(time.Minute) // reports of problems are made again now and then
 	defer t.Stop()

@@ -53,6 +53,7 @@ func (h *hotKey) demand(share uint64, tick time.Duration) float64 {
 func (a *Agent) stepKeys(l *v1alpha1.Limit, st *demandState, alloc demand.Allocation, now time.Time) bool {
 	if st.keys == nil {
 		st.keys = &demand.KeyNodes{}
+		st.keys.Interval, st.keys.StaleAfter, st.keys.Bounds = st.node.Interval, st.node.StaleAfter, st.node.Bounds
 		// A restarted agent: the keys' shares the data path holds.
 		for key, rate := range a.enforcedKeyShares(l) {
 			st.keys.Start(key, rate, now)

@@ -213,6 +213,9 @@ func (ks *KeyNodes) Shares(a Allocation, keys []KeyLevel, equal uint64, now time
 	}
 	out := make(map[string]uint64, len(ks.nodes))
 	for key, n := range ks.nodes {
+		// The parameters as they are now: a Node started before they
+		// were set (Start, for a restarted agent) or before a reload.
+		n.Interval, n.StaleAfter, n.Bounds = ks.Interval, ks.StaleAfter, ks.Bounds
 		ka := Allocation{}
 		if !a.Time.IsZero() {
 			ka = Allocation{Round: a.Round, Time: a.Time, Level: Level{Water: equal, Floor: equal}}

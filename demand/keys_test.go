@@ -284,3 +284,22 @@ func TestKeyedSumThroughTransitions(t *testing.T) {
 	}
 	t.Logf("%d rounds; %d keys entered, %d left; at most %d uncounted node(s); %d node-seconds stale", len(rounds), entered, left, maxUncounted, stale)
 }
+
+// TestKeyNodesStartedBeforeParameters: a restarted agent starts its keys'
+// Nodes from what the data path holds before it knows the parameters (or
+// they change with a reload): each key's Node follows the parameters of
+// the latest Shares, so a fresh round is followed, not taken as stale.
+func TestKeyNodesStartedBeforeParameters(t *testing.T) {
+	t0 := time.Unix(10_000, 0)
+	var ks KeyNodes
+	ks.Start("10.0.0.1", 1000, t0)
+	ks.Interval, ks.StaleAfter = 500*time.Millisecond, 5*time.Second
+	ks.Bounds = Bounds{Rate: 3000, Count: 3, FloorPerMille: 10}
+	a := Allocation{Round: 7, Time: t0, Level: Level{Water: math.MaxUint64, Floor: 10}}
+	keys := []KeyLevel{{Key: "10.0.0.1", Level: Level{Water: 2980, Floor: 10}, Nodes: 1}}
+	// Not a reporter of the key in this round (none recorded): the floor,
+	// at once, as the round says; a stale round would leave the equal share.
+	if got := ks.Shares(a, keys, 1000, t0.Add(time.Second))["10.0.0.1"]; got != 10 {
+		t.Errorf("the key's share after a fresh round: %d, want the floor 10 (a Node without parameters takes every round as stale)", got)
+	}
+}
