@@ -66,13 +66,13 @@ type Agent struct {
 	source  watcher.Source
 	stopSrc context.CancelFunc
 	k8s     *watcher.Kubernetes
-	writer  *cluster.StatusWriter   // in a cluster, once statusLoop runs
+	writer  *cluster.StatusWriter // in a cluster, once statusLoop runs
 	// writerDone is closed when the status writer's candidacy ended (its
 	// Lease released, if it held it).
 	writerDone chan struct{}
-	ap      applier                 // writes the limits; what became of each (outcomes)
-	pending map[uint32]counterSnap  // counters read at the last tick
-	demand  map[string]*demandState // share demand: by limit name
+	ap         applier                 // writes the limits; what became of each (outcomes)
+	pending    map[uint32]counterSnap  // counters read at the last tick
+	demand     map[string]*demandState // share demand: by limit name
 	// hotSince is the hot-key tick the next read of the data path's
 	// records starts at, once hotPrimed (observeHotKeys).
 	hotSince  uint32

@@ -25,6 +25,7 @@ type demandState struct {
 	// a moving demand is reported once it settles, or an interval later.
 	unsettled time.Time
 	equal     uint64 // the equal share at the last step: the report's threshold
+	hotKeys   int    // a keyed limit's hotKeys at the last step (RateLimitSpec.HotKeyLimit)
 	// refused is why the allocation in the status is not followed
 	// (demand.Check), or ""; refusals counts the rounds refused.
 	refused   string
@@ -89,7 +90,7 @@ func (a *Agent) stepDemand(now time.Time) bool {
 		// interval (as the allocator's: cluster.StatusWriter).
 		st.node.Interval, st.node.StaleAfter = p.Interval.Duration/2, p.StaleAfter.Duration
 		st.node.Bounds = demand.Bounds{Rate: l.Rate, Count: obs.Replicas, FloorPerMille: *p.FloorPerMille}
-		st.equal = equal
+		st.equal, st.hotKeys = equal, l.HotKeyLimit()
 		before := st.node.Now()
 		if st.node.Share(alloc, equal, now) != before && l.Key == v1alpha1.KeyNone {
 			changed = true
@@ -278,10 +279,10 @@ func (a *Agent) demandLoop(ctx context.Context) {
 		var ds []cluster.Demand
 		rates := a.enforcedRates()
 		keyed, hotKeysSum := 0, 0
-		for name, st := range a.demand {
+		for _, st := range a.demand {
 			if st.keys != nil {
 				keyed++
-				hotKeysSum += a.hotKeyLimit(name)
+				hotKeysSum += st.hotKeys
 			}
 		}
 		for name, st := range a.demand {
@@ -293,7 +294,7 @@ func (a *Agent) demandLoop(ctx context.Context) {
 				// own (all keys together) is not reported, so that
 				// traffic spread over keys under their shares writes
 				// nothing.
-				n := a.hotKeyLimit(name)
+				n := st.hotKeys
 				if hotKeysSum > cluster.MaxReportKeys {
 					n = min(n, max(1, cluster.MaxReportKeys/keyed))
 				}

@@ -102,17 +102,6 @@ func (a *Agent) enforcedKeyShares(l *v1alpha1.Limit) map[string]uint64 {
 	return nil
 }
 
-// hotKeyLimit is how many hot keys the limit name reports at most
-// (spec.hotKeys). Callers hold a.mu.
-func (a *Agent) hotKeyLimit(name string) int {
-	for _, l := range a.limits() {
-		if l.Name == name && l.HotKeys != nil {
-			return int(min(max(*l.HotKeys, 1), v1alpha1.MaxHotKeys))
-		}
-	}
-	return v1alpha1.DefaultHotKeys
-}
-
 // hotShift is the data path's hot-key tick for a report interval: the
 // largest power of two ns within a quarter of it (2^27 ns, 0.13 s, for
 // 1 s; 2^31 ns, 2.1 s, for the default 15 s), so that a key turns hot well

@@ -621,7 +621,7 @@ func (w *StatusWriter) allocate(queue workqueue.TypedRateLimitingInterface[strin
 	} else {
 		// Each key a round of its own: the limit's level is the keys'
 		// floor alone (a key not listed is at its equal share).
-		in := demand.KeyRound(canonicalKeys(nodes, &l), l.Name, l.Rate, *p.FloorPerMille, int(next.Replicas), hotKeys(&l), now, round)
+		in := demand.KeyRound(canonicalKeys(nodes, &l), l.Name, l.Rate, *p.FloorPerMille, int(next.Replicas), l.HotKeyLimit(), now, round)
 		level = demand.Level{Water: math.MaxUint64, Floor: in.Floor}
 		fingerprint, counted, asked, countable, keys = in.Fingerprint, in.Nodes, in.Asked, in.Countable, in.Keys
 	}
@@ -698,15 +698,6 @@ func canonicalKeys(nodes []demand.NodeReport, l *v1alpha1.Limit) []demand.NodeRe
 		}
 	}
 	return out
-}
-
-// hotKeys is how many keys of a keyed demand-shared limit a node reports
-// and the allocation holds at most (spec.hotKeys, defaulted).
-func hotKeys(l *v1alpha1.Limit) int {
-	if l.HotKeys != nil {
-		return int(min(max(*l.HotKeys, 0), v1alpha1.MaxHotKeys))
-	}
-	return v1alpha1.DefaultHotKeys
 }
 
 // published records a round written to a limit's status.

@@ -147,6 +147,16 @@ func (d *DemandShares) Default() {
 	}
 }
 
+// HotKeyLimit is how many keys of a keyed demand-shared limit a node
+// reports and the allocation holds at most: hotKeys, defaulted and held to
+// 1..MaxHotKeys (a stored object may never have been validated).
+func (s *RateLimitSpec) HotKeyLimit() int {
+	if s.HotKeys == nil {
+		return DefaultHotKeys
+	}
+	return int(min(max(*s.HotKeys, 1), MaxHotKeys))
+}
+
 // Default applies every default of a limit. It is idempotent, and it sets
 // only fields that are empty.
 //
