@@ -314,9 +314,15 @@ func fit(s divide.Share) (_ divide.Share, note string) {
 
 // nodeSpec is l's spec as this node's data path matches it: for scope
 // service, with the Service's endpoints here as its local side
-// (serviceSpec); ok is false when it has none here.
+// (serviceSpec); ok is false when it has none here, and for a limit with
+// unit requests, which no node installs.
 func nodeSpec(in *planInputs, l *v1alpha1.Limit) (_ *v1alpha1.RateLimitSpec, ok bool) {
 	spec := &l.RateLimitSpec
+	if spec.Unit == v1alpha1.UnitRequests {
+		// Enforced per request in the Service's own processes (the
+		// limiter library); no node installs it.
+		return nil, false
+	}
 	if spec.Scope != v1alpha1.ScopeService {
 		return spec, true
 	}

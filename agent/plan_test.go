@@ -107,6 +107,32 @@ func TestPlanDividesByTheCount(t *testing.T) {
 	}
 }
 
+// A limit with unit requests is the limiter library's, in the Service's
+// own processes: no node plans it, so it takes no id and no room, and a
+// packet limit beside it is planned as ever.
+func TestPlanSkipsRequests(t *testing.T) {
+	api := limit(t, "api", `{rate: 300, unit: requests, scope: service, key: custom, onEmpty: wait, match: {service: shop/api}}`)
+	file := limit(t, "file", `{rate: 300, unit: requests, match: {}}`)
+	dns := limit(t, "dns", `{rate: 100, match: {protocol: udp}}`)
+	in := counted(3, api, file, dns)
+	in.service = map[string]serviceEndpoints{"api": {local: []watcher.Endpoint{{Addr: netip.MustParseAddr("10.0.0.1")}}}}
+	ds := plan(in)
+	if len(ds) != 1 || ds[0].name != "dns" || ds[0].id != 0 {
+		t.Fatalf("plan = %v, want only dns, at id 0", names(ds))
+	}
+	if warnings, err := ValidateConfig(&v1alpha1.Config{Limits: []v1alpha1.Limit{file, dns}}); err != nil || len(warnings) > 0 {
+		t.Errorf("ValidateConfig with a limit of requests: %v, %v, want no problem (it matches no packet)", warnings, err)
+	}
+}
+
+func names(ds []*desiredLimit) []string {
+	var out []string
+	for _, d := range ds {
+		out = append(out, d.name)
+	}
+	return out
+}
+
 // Ids: a limit keeps its id; new limits take the free ids in name order,
 // never one that is taken (a removed limit's buckets); with none free a
 // new limit is unfit and the others are planned all the same. The plan

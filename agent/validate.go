@@ -31,7 +31,15 @@ import (
 // checks, since Validate reports them.
 func ValidateConfig(cfg *v1alpha1.Config) (warnings []string, err error) {
 	var errs []error
-	if n := len(cfg.Limits); n > int(maps.MaxLimits) {
+	// Limits with unit requests are the limiter library's: no packet
+	// matches them, and they take no room in the data path.
+	n := 0
+	for _, l := range cfg.Limits {
+		if l.Unit != v1alpha1.UnitRequests {
+			n++
+		}
+	}
+	if n > int(maps.MaxLimits) {
 		errs = append(errs, &v1alpha1.FieldError{Field: "limits",
 			Detail: fmt.Sprintf("%d limits: the data path holds at most %d", n, maps.MaxLimits)})
 	}
@@ -48,7 +56,7 @@ func ValidateConfig(cfg *v1alpha1.Config) (warnings []string, err error) {
 	if c := cfg.Count; c.File == "" && c.Static != nil {
 		n := uint64(max(*c.Static, 1))
 		for i, l := range cfg.Limits {
-			if l.Rate >= 1 && l.Rate/n == 0 {
+			if l.Rate >= 1 && l.Rate/n == 0 && l.Unit != v1alpha1.UnitRequests {
 				warnings = append(warnings, fmt.Sprintf("limits[%d] (%s): rate %d over count %d is below 1 unit/s per node; each node enforces 1, so together they admit up to %d",
 					i, l.Name, l.Rate, n, n))
 			}
@@ -124,7 +132,8 @@ func lifelineWarning(cfg *v1alpha1.Config, s *v1alpha1.RateLimitSpec, m *limitMa
 }
 
 // limitMatch is the part of a limit that decides which packets it matches,
-// as the data path classifies them.
+// as the data path classifies them (none for a limit with unit requests,
+// whose dir is "").
 type limitMatch struct {
 	dir      v1alpha1.Direction
 	classes  [numClasses]bool // protocol classes, as maps.Protocol's
@@ -143,6 +152,9 @@ const (
 )
 
 func newLimitMatch(s *v1alpha1.RateLimitSpec) limitMatch {
+	if s.Unit == v1alpha1.UnitRequests {
+		return limitMatch{} // no direction: it matches no packet
+	}
 	m := limitMatch{dir: s.Match.Direction}
 	if m.dir == "" {
 		m.dir = v1alpha1.DirectionIngress

@@ -523,9 +523,13 @@ func (w *StatusWriter) sync(ctx context.Context, queue workqueue.TypedRateLimiti
 
 	limits, invalid := w.k.Limits()
 	i := slices.IndexFunc(limits, func(l v1alpha1.Limit) bool { return l.Name == name })
-	if invalid[name] != nil {
+	switch {
+	case invalid[name] != nil:
 		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, v1alpha1.ReasonInvalid, invalid[name].Error()
-	} else {
+	case i >= 0 && limits[i].Unit == v1alpha1.UnitRequests:
+		// No node installs it: no node reports on it.
+		cond.Status, cond.Reason, cond.Message = metav1.ConditionTrue, v1alpha1.ReasonEnforcedInProcess, inProcessMessage(&limits[i].RateLimitSpec)
+	default:
 		cond.Status, cond.Reason, cond.Message = w.accepted(leases, cur, time.Now())
 	}
 	// The count, also of a limit the agents reject: it says what the
@@ -716,6 +720,15 @@ func (w *StatusWriter) demandParams() v1alpha1.DemandShares {
 	w.mu.Unlock()
 	p.Default()
 	return p
+}
+
+// inProcessMessage is the Accepted condition's message of a valid limit
+// with unit requests.
+func inProcessMessage(s *v1alpha1.RateLimitSpec) string {
+	if s.Scope == v1alpha1.ScopeService {
+		return fmt.Sprintf("unit requests: enforced per request by the limiter library in the processes of Service %s, each taking rate / its ready endpoints; no node installs it", s.Match.Service)
+	}
+	return "unit requests: enforced per request by the limiter library in the processes that name it; no node installs it"
 }
 
 // accepted is the Accepted condition of a valid limit from the verdicts

@@ -217,3 +217,25 @@ func TestCandidates(t *testing.T) {
 		}
 	}
 }
+
+// TestStatusEnforcedInProcess: a RateLimit with unit requests is the
+// limiter library's: the writer marks it Accepted with EnforcedInProcess
+// (no node reports on it), and an invalid one Invalid, as any other.
+func TestStatusEnforcedInProcess(t *testing.T) {
+	env := sharedEnv(t)
+	ns := env.Namespace(t)
+	env.SetDaemonSetStatus(t, ns, "rlagent", 1, 1)
+	env.CreateRateLimit(t, k8stest.RateLimit("in-process", map[string]any{"rate": int64(300), "unit": "requests",
+		"scope": "service", "onEmpty": "wait", "match": map[string]any{"service": ns + "/api"}}))
+	rl := dynamic.NewForConfigOrDie(env.Config).Resource(v1alpha1.RateLimitResource)
+	startStatus(t, env, ns, "node-a")
+	var c *metav1.Condition
+	k8stest.WaitUntil(t, "Accepted EnforcedInProcess", func() bool {
+		st, _ := statusOf(t, rl, "in-process")
+		c = meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionAccepted)
+		return c != nil && c.Reason == v1alpha1.ReasonEnforcedInProcess
+	})
+	if c.Status != metav1.ConditionTrue || !strings.Contains(c.Message, "processes of Service "+ns+"/api") {
+		t.Errorf("Accepted = %s %s %q, want True with the Service named", c.Status, c.Reason, c.Message)
+	}
+}

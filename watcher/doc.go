@@ -8,8 +8,9 @@
 // missing file never resets a count. Only its age grows, and callers report
 // that age.
 //
-// Sources here: Static (a fixed count) and File (one integer in a file,
-// polled). Kubernetes is the cluster's source: the RateLimits, the
+// Static (a fixed count) and File (one integer in a file, polled) live in
+// package count, which imports no client-go (the limiter library uses
+// them), and are re-exported here. Kubernetes is the cluster's source: the RateLimits, the
 // EndpointSlices of the Services they reference (and no others), and the
 // agents' DaemonSet, whose status.numberReady is the nodes scope's count. It
 // asks the API server nothing beyond its watches while they work

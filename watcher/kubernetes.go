@@ -48,6 +48,14 @@ type KubernetesConfig struct {
 	// nodes scope divides by its ready pods (status.numberReady).
 	AgentNamespace string
 	AgentDaemonSet string
+	// SliceNamespace, if set, watches EndpointSlices in that namespace
+	// only: the limiter library, whose Role is its own namespace's.
+	// "": every namespace (the agent).
+	SliceNamespace string
+	// WithoutAgents watches no DaemonSet: scope nodes then has no count.
+	// For the limiter library, which divides by its Service's endpoints
+	// and may not read the agents' namespace.
+	WithoutAgents bool
 	// Resync is the informers' resync period (0: none).
 	Resync time.Duration
 	// ProbeInterval is how often, while a watch fails because the API
@@ -156,10 +164,12 @@ func NewKubernetes(cfg KubernetesConfig) *Kubernetes {
 	})
 	rl := k.rlFactory.Rlagent().V1alpha1().RateLimits()
 	k.rlInformer, k.rlLister = rl.Informer(), rl.Lister()
-	dss := cfg.Client.AppsV1().DaemonSets(cfg.AgentNamespace)
-	byName := fields.OneTermEqualSelector("metadata.name", cfg.AgentDaemonSet).String()
-	k.dsInformer = k.informer("daemonset", &appsv1.DaemonSet{}, listOf(dss.List), dss.Watch,
-		func(o *metav1.ListOptions) { o.FieldSelector = byName }, nil)
+	if !cfg.WithoutAgents {
+		dss := cfg.Client.AppsV1().DaemonSets(cfg.AgentNamespace)
+		byName := fields.OneTermEqualSelector("metadata.name", cfg.AgentDaemonSet).String()
+		k.dsInformer = k.informer("daemonset", &appsv1.DaemonSet{}, listOf(dss.List), dss.Watch,
+			func(o *metav1.ListOptions) { o.FieldSelector = byName }, nil)
+	}
 
 	enqueue := func(key string) { k.queue.Add(key) }
 	k.rlInformer.AddEventHandler(handler(func(obj any) {
@@ -167,7 +177,9 @@ func NewKubernetes(cfg KubernetesConfig) *Kubernetes {
 			enqueue(keyLimit + rl.Name)
 		}
 	}))
-	k.dsInformer.AddEventHandler(handler(func(any) { enqueue(keyAgents) }))
+	if k.dsInformer != nil {
+		k.dsInformer.AddEventHandler(handler(func(any) { enqueue(keyAgents) }))
+	}
 	k.slices.swapped = func() { enqueue(keyCounts) }
 	k.slices.handler = handler(func(obj any) {
 		if s, ok := obj.(*discoveryv1.EndpointSlice); ok {
@@ -196,7 +208,7 @@ func (k *Kubernetes) informer(name string, obj runtime.Object,
 
 // sliceInformer is the informer of the EndpointSlices sel selects.
 func (k *Kubernetes) sliceInformer(sel labels.Selector) cache.SharedIndexInformer {
-	eps := k.cfg.Client.DiscoveryV1().EndpointSlices(metav1.NamespaceAll)
+	eps := k.cfg.Client.DiscoveryV1().EndpointSlices(k.cfg.SliceNamespace) // "": metav1.NamespaceAll
 	s := sel.String()
 	return k.informer("endpointslices", &discoveryv1.EndpointSlice{}, listOf(eps.List), eps.Watch,
 		func(o *metav1.ListOptions) { o.LabelSelector = s }, cache.Indexers{byService: serviceIndex})
@@ -266,8 +278,12 @@ func (k *Kubernetes) Run(ctx context.Context, notify func()) {
 	defer k.slices.stop()
 	defer k.rlFactory.Shutdown()
 	k.rlFactory.Start(ctx.Done())
-	go k.dsInformer.RunWithContext(ctx)
-	if !cache.WaitForCacheSync(ctx.Done(), k.rlInformer.HasSynced, k.dsInformer.HasSynced) {
+	synced := []cache.InformerSynced{k.rlInformer.HasSynced}
+	if k.dsInformer != nil {
+		go k.dsInformer.RunWithContext(ctx)
+		synced = append(synced, k.dsInformer.HasSynced)
+	}
+	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
 		return
 	}
 	// Every limit, and the referenced Services' slices, before the first
@@ -457,6 +473,9 @@ func (k *Kubernetes) watchServices() error {
 // syncAgents reads the ready agents from the DaemonSet's status. Callers
 // hold k.mu.
 func (k *Kubernetes) syncAgents() bool {
+	if k.dsInformer == nil {
+		return false
+	}
 	n, desired := 0, 0
 	for _, obj := range k.dsInformer.GetStore().List() {
 		if ds, ok := obj.(*appsv1.DaemonSet); ok && ds.Name == k.cfg.AgentDaemonSet {

@@ -5,14 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"math"
-	"os"
 	"path/filepath"
 	"reflect"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	yamlv2 "go.yaml.in/yaml/v2"
@@ -80,6 +77,12 @@ func ParseConfig(data []byte) (*Config, error) {
 // or off is an error there, because YAML reads it as a boolean: quote it
 // ("off").
 func DecodeConfig(data []byte) (*Config, error) {
+	return decodeStrict[Config](data, "config", "interfaces:, limits:, ...")
+}
+
+// decodeStrict is DecodeConfig for a file of type T, called what, whose
+// fields are (for the message of a file that is not a mapping) fields.
+func decodeStrict[T any](data []byte, what, fields string) (*T, error) {
 	// Syntax and duplicate keys. The error says "yaml: line N: ...".
 	var strict any
 	if err := yamlv2.UnmarshalStrict(data, &strict); err != nil {
@@ -89,29 +92,98 @@ func DecodeConfig(data []byte) (*Config, error) {
 	// reported in the order of the file.
 	var tree yamlv2.MapSlice
 	if err := yamlv2.Unmarshal(data, &tree); err != nil {
-		return nil, &FieldError{Field: "config", Detail: "expected a mapping of fields (interfaces:, limits:, ...)"}
+		return nil, &FieldError{Field: what, Detail: "expected a mapping of fields (" + fields + ")"}
 	}
 	// Check the shape against the types and convert the tree to JSON values.
 	// This does what sigs.k8s.io/yaml does, with the field's full path in
 	// every error; sigs.k8s.io/yaml (v1.6.0) also matches field names
 	// case-insensitively, and does not turn a number into a string below an
 	// inline struct (Limit embeds RateLimitSpec), so dstPorts: [53] would fail.
-	j, el := toJSON(tree, reflect.TypeFor[Config](), "")
+	j, el := toJSON(tree, reflect.TypeFor[T](), "")
 	if len(el) > 0 {
 		return nil, errors.Join(el...)
 	}
 	buf, err := json.Marshal(j)
 	if err != nil {
-		return nil, fmt.Errorf("decode config: %w", err)
+		return nil, fmt.Errorf("decode %s: %w", what, err)
 	}
 	d := json.NewDecoder(bytes.NewReader(buf))
 	d.DisallowUnknownFields()
-	var c Config
+	var c T
 	if err := d.Decode(&c); err != nil {
 		// toJSON has checked every field and kind; this is a bug.
-		return nil, fmt.Errorf("decode config: %w", err)
+		return nil, fmt.Errorf("decode %s: %w", what, err)
 	}
 	return &c, nil
+}
+
+// LimitsFile is the limiter library's file (package limiter's
+// FromFile): the limits a service's own processes enforce per request,
+// and how many processes share them, without the agent's fields. It is
+// read as strictly as the agent's config.
+type LimitsFile struct {
+	// Count is how many processes share each limit's global rate.
+	// (Optional) As the config's count; default static: 1.
+	Count CountSource `json:"count,omitzero"`
+
+	// Limits are the limits, each with unit requests and scope static.
+	// (Optional) May be empty; names are unique.
+	Limits []Limit `json:"limits,omitempty"`
+}
+
+// ParseLimitsFile reads a LimitsFile's contents strictly (as
+// DecodeConfig), applies the defaults and validates the result: every
+// limit must have unit requests (the others are the node agent's) and
+// scope static (a file has no Kubernetes). It returns the file or every
+// problem found.
+func ParseLimitsFile(data []byte) (*LimitsFile, error) {
+	f, err := decodeStrict[LimitsFile](data, "limits file", "count:, limits:")
+	if err != nil {
+		return nil, err
+	}
+	f.Default()
+	if err := f.Validate(); err != nil {
+		return nil, err
+	}
+	return f, nil
+}
+
+// Default applies every default of the file: a static count of 1 when it
+// has none, and each limit's.
+func (f *LimitsFile) Default() {
+	if f.Count.Static == nil && f.Count.File == "" {
+		one := int32(1)
+		f.Count.Static = &one
+	}
+	for i := range f.Limits {
+		f.Limits[i].Default()
+	}
+}
+
+// Validate checks a defaulted LimitsFile and returns every violation,
+// joined, each a *FieldError.
+func (f *LimitsFile) Validate() error {
+	var el errorList
+	switch {
+	case f.Count.Static != nil && f.Count.File != "":
+		el.add("count", "set one of static, file, not both")
+	case f.Count.Static != nil && *f.Count.Static < 0:
+		el.add("count.static", "%d is not a replica count: 0 or more (0 is treated as 1)", *f.Count.Static)
+	case f.Count.File != "" && !filepath.IsAbs(f.Count.File):
+		el.add("count.file", "%q is not an absolute path", f.Count.File)
+	}
+	names := make(map[string]int)
+	for i := range f.Limits {
+		l := &f.Limits[i]
+		p := index("limits", i)
+		el.uniqueName("limits", i, l.Name, names)
+		if l.Unit != UnitRequests {
+			el.add(field(p, "unit"), "%q: this file holds the limits of a service's own processes, unit requests (the node agent enforces %s)", l.Unit, l.Unit)
+			continue
+		}
+		el = append(el, l.RateLimitSpec.validate(p, true)...)
+	}
+	return errors.Join(el...)
 }
 
 // Marshal writes the config as YAML, each mapping's fields in the order of
@@ -133,151 +205,6 @@ func (c *Config) Marshal() ([]byte, error) {
 		return nil, fmt.Errorf("marshal config: %w", err)
 	}
 	return out, nil
-}
-
-// LockConfig takes an exclusive lock on the config file at path, for a
-// read-modify-write that no other editor (rlagent limits set and delete, in
-// any process) may interleave with: without it, of two edits that read the
-// same file the second's write drops the first's change. It returns the
-// function that releases the lock.
-//
-// The lock is flock on the config file itself, not on a lock file beside
-// it: nothing is left behind in the config's directory, and there is no
-// second path someone could plant (a symlink) for the editor to create.
-// Since an edit replaces the file by rename, the inode locked can stop
-// being the file at path while the lock is waited for: the lock is then
-// released and taken again on the new file, until the one locked is the one
-// at path. The lock is advisory: it orders the editors, and the agent, which
-// only reads, never waits for it.
-func LockConfig(path string) (unlock func(), err error) {
-	for {
-		f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOCTTY|syscall.O_CLOEXEC, 0)
-		if err != nil {
-			return nil, fmt.Errorf("lock config: %w", err)
-		}
-		if err := flock(f, syscall.LOCK_EX); err != nil {
-			f.Close()
-			return nil, fmt.Errorf("lock config %s: %w", path, err)
-		}
-		locked, err1 := f.Stat()
-		now, err2 := os.Stat(path)
-		if err := errors.Join(err1, err2); err != nil {
-			f.Close()
-			return nil, fmt.Errorf("lock config %s: %w", path, err)
-		}
-		if os.SameFile(locked, now) {
-			return func() { f.Close() }, nil // closing releases the lock
-		}
-		f.Close() // replaced while we waited: lock the new file
-	}
-}
-
-// flock is syscall.Flock on f, again when a signal interrupts the wait.
-func flock(f *os.File, how int) error {
-	for {
-		err := syscall.Flock(int(f.Fd()), how)
-		if !errors.Is(err, syscall.EINTR) {
-			return err
-		}
-	}
-}
-
-// WriteConfigAtomic replaces the config file at path with c if c is valid.
-// It marshals c and checks that the result loads with ParseConfig (the code
-// the agent runs), then writes it to a temporary file in the same directory,
-// syncs it and renames it over path: a reader sees the old file or the new
-// one, never a part. The file keeps its permission bits (a new file gets
-// 0644) and its owner and group (a failure to keep them fails the write);
-// if path is a symbolic link, the file it points to is replaced. On any
-// error the old file is left as it was and no temporary file remains. An
-// editor that read the file first holds LockConfig across the read and the
-// write.
-//
-// c is written as it is: a config from DecodeConfig keeps its defaults
-// implicit.
-func WriteConfigAtomic(path string, c *Config) (err error) {
-	data, err := c.Marshal()
-	if err != nil {
-		return fmt.Errorf("write config %s: %w", path, err)
-	}
-	if _, err := ParseConfig(data); err != nil {
-		return wrap("write config "+path, err)
-	}
-	target, mode := path, fs.FileMode(0o644)
-	uid, gid := -1, -1 // a new file: the creator's
-	resolved, err := filepath.EvalSymlinks(path)
-	switch {
-	case err == nil:
-		target = resolved
-		fi, err := os.Stat(target)
-		if err != nil {
-			return fmt.Errorf("write config: %w", err)
-		}
-		mode = fi.Mode().Perm()
-		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-			uid, gid = int(st.Uid), int(st.Gid)
-		}
-	case !errors.Is(err, fs.ErrNotExist):
-		return fmt.Errorf("write config: %w", err)
-	}
-	dir := filepath.Dir(target)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(target)+".tmp-*")
-	if err != nil {
-		return fmt.Errorf("write config: %w", err)
-	}
-	defer func() {
-		if err != nil {
-			f.Close()
-			os.Remove(f.Name())
-			err = fmt.Errorf("write config %s: %w", path, err)
-		}
-	}()
-	if uid >= 0 {
-		if err := keepOwner(f, uid, gid); err != nil {
-			return err
-		}
-	}
-	// After the chown, which clears the set-id bits.
-	if err := f.Chmod(mode); err != nil {
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(f.Name(), target); err != nil {
-		return err
-	}
-	// The rename is durable once the directory is synced. The new file is in
-	// place whatever happens here, so a failure is not reported.
-	if d, err := os.Open(dir); err == nil {
-		d.Sync()
-		d.Close()
-	}
-	return nil
-}
-
-// keepOwner gives the new file f the old file's owner and group, where they
-// differ from its own (the creator's, and the directory's group with
-// setgid).
-func keepOwner(f *os.File, uid, gid int) error {
-	fi, err := f.Stat()
-	if err != nil {
-		return err
-	}
-	st, ok := fi.Sys().(*syscall.Stat_t)
-	if !ok || (int(st.Uid) == uid && int(st.Gid) == gid) {
-		return nil
-	}
-	if err := f.Chown(uid, gid); err != nil {
-		return fmt.Errorf("keep the file's owner %d and group %d: %w", uid, gid, err)
-	}
-	return nil
 }
 
 // wrap prefixes err with what was being done; several joined errors go one

@@ -319,13 +319,13 @@ func TestLoadConfig(t *testing.T) {
 	_, err := LoadConfig(path)
 	want := "load config " + path + ": 2 errors:\n" +
 		"limits[0].rate: required: 1..4000000000 units per second over all replicas\n" +
-		`limits[0].unit: "pkts" is not one of packets, bytes, connections`
+		`limits[0].unit: "pkts" is not one of packets, bytes, connections, requests`
 	if err == nil || err.Error() != want {
 		t.Errorf("got\n%v\nwant\n%s", err, want)
 	}
 	os.WriteFile(path, []byte("interfaces: [eth0]\nlimits:\n- name: a\n  rate: 10\n  unit: pkts\n  match: {}\n"), 0o644)
 	_, err = LoadConfig(path)
-	want = "load config " + path + `: limits[0].unit: "pkts" is not one of packets, bytes, connections`
+	want = "load config " + path + `: limits[0].unit: "pkts" is not one of packets, bytes, connections, requests`
 	if err == nil || err.Error() != want {
 		t.Errorf("got\n%v\nwant\n%s", err, want)
 	}

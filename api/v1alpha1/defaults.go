@@ -42,6 +42,11 @@ const (
 	// packet may wait. MaxHorizon is the data path's RL_MAX_HORIZON_NS
 	// (maps.MaxHorizon; a test checks they agree).
 	DefaultHorizon = 100 * time.Millisecond
+	// DefaultMaxWait, MinMaxWait and MaxMaxWait bound how long a request
+	// of a limit with unit requests and onEmpty wait may wait.
+	DefaultMaxWait = time.Second
+	MinMaxWait     = time.Millisecond
+	MaxMaxWait     = time.Minute
 	MinHorizon     = time.Millisecond
 	MaxHorizon     = 4 * time.Second
 
@@ -204,6 +209,16 @@ func (s *RateLimitSpec) Default() {
 	}
 	if s.Action == ActionPace && s.Horizon == nil {
 		s.Horizon = &metav1.Duration{Duration: DefaultHorizon}
+	}
+	if s.Unit == UnitRequests {
+		// Enforced in processes: no attach point, a policy instead.
+		if s.OnEmpty == "" {
+			s.OnEmpty = OnEmptyFail
+		}
+		if s.OnEmpty == OnEmptyWait && s.MaxWait == nil {
+			s.MaxWait = &metav1.Duration{Duration: DefaultMaxWait}
+		}
+		return
 	}
 	if s.Attach == "" {
 		s.Attach = AttachUplink

@@ -128,12 +128,19 @@ type deployment struct {
 	roleBindings        []*rbacv1.RoleBinding
 	policies            []*admissionregistrationv1.ValidatingAdmissionPolicy
 	policyBindings      []*admissionregistrationv1.ValidatingAdmissionPolicyBinding
+	// limiter are the manifests of deploy/limiter/: an application's RBAC
+	// for the limiter library.
+	limiter []manifest
 }
 
 func readDeployment(t *testing.T) *deployment {
 	t.Helper()
 	var d deployment
 	for _, m := range readManifests(t) {
+		if strings.HasPrefix(m.at, "deploy/limiter/") {
+			d.limiter = append(d.limiter, m) // an application's, not the agents': TestLimiterRBAC
+			continue
+		}
 		switch m.gvk {
 		case SchemeGroupVersion.WithKind("RateLimit"):
 			if !strings.HasPrefix(m.at, "deploy/examples/") {
@@ -913,4 +920,63 @@ func number(v any) (float64, bool) {
 		return float64(n), true
 	}
 	return 0, false
+}
+
+// TestLimiterRBAC checks that an application using the limiter library
+// gets exactly what docs/library.md lists: read RateLimits, and list and
+// watch EndpointSlices in its own namespace; nothing else, and no write.
+// What that lets it do on a real API server: test/k8s' TestLimiterRBAC.
+func TestLimiterRBAC(t *testing.T) {
+	d := readDeployment(t)
+	var crs []*rbacv1.ClusterRole
+	var roles []*rbacv1.Role
+	var crbs []*rbacv1.ClusterRoleBinding
+	var rbs []*rbacv1.RoleBinding
+	var sas []*corev1.ServiceAccount
+	for _, m := range d.limiter {
+		switch m.gvk.Kind {
+		case "ClusterRole":
+			if x := new(rbacv1.ClusterRole); decode(t, m, x) {
+				crs = append(crs, x)
+			}
+		case "Role":
+			if x := new(rbacv1.Role); decode(t, m, x) {
+				roles = append(roles, x)
+			}
+		case "ClusterRoleBinding":
+			if x := new(rbacv1.ClusterRoleBinding); decode(t, m, x) {
+				crbs = append(crbs, x)
+			}
+		case "RoleBinding":
+			if x := new(rbacv1.RoleBinding); decode(t, m, x) {
+				rbs = append(rbs, x)
+			}
+		case "ServiceAccount":
+			if x := new(corev1.ServiceAccount); decode(t, m, x) {
+				sas = append(sas, x)
+			}
+		default:
+			t.Errorf("%s: unexpected %v in deploy/limiter/", m.at, m.gvk)
+		}
+	}
+	if len(crs) != 1 || len(roles) != 1 || len(crbs) != 1 || len(rbs) != 1 || len(sas) != 1 {
+		t.Fatalf("deploy/limiter/: want one ClusterRole, Role, ClusterRoleBinding, RoleBinding and ServiceAccount")
+	}
+	if want := []rbacv1.PolicyRule{{APIGroups: []string{GroupName}, Resources: []string{"ratelimits"}, Verbs: []string{"get", "list", "watch"}}}; !reflect.DeepEqual(crs[0].Rules, want) {
+		t.Errorf("ClusterRole rules %+v, want %+v", crs[0].Rules, want)
+	}
+	if want := []rbacv1.PolicyRule{{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"list", "watch"}}}; !reflect.DeepEqual(roles[0].Rules, want) {
+		t.Errorf("Role rules %+v, want %+v", roles[0].Rules, want)
+	}
+	sa := sas[0]
+	subject := []rbacv1.Subject{{Kind: "ServiceAccount", Name: sa.Name, Namespace: sa.Namespace}}
+	if roles[0].Namespace != sa.Namespace || rbs[0].Namespace != sa.Namespace {
+		t.Errorf("the Role (%s) and its binding (%s) are not in the application's namespace %s", roles[0].Namespace, rbs[0].Namespace, sa.Namespace)
+	}
+	if rbs[0].RoleRef != (rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: roles[0].Name}) || !reflect.DeepEqual(rbs[0].Subjects, subject) {
+		t.Errorf("RoleBinding %+v does not bind the Role to %+v", rbs[0], subject)
+	}
+	if crbs[0].RoleRef != (rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: crs[0].Name}) || !reflect.DeepEqual(crbs[0].Subjects, subject) {
+		t.Errorf("ClusterRoleBinding %+v does not bind the ClusterRole to %+v", crbs[0], subject)
+	}
 }

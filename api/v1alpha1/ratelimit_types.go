@@ -49,6 +49,10 @@ const (
 	// drops. The message names the interface and what it has instead. As
 	// severe as Clamped.
 	ReasonPaceIneffective = "PaceIneffective"
+	// ReasonEnforcedInProcess (True): a valid limit with unit requests:
+	// the limiter library enforces it inside the Service's own processes,
+	// and no node installs it.
+	ReasonEnforcedInProcess = "EnforcedInProcess"
 	// ReasonValid (True): the spec passed the agent's validation, and the
 	// agents that apply it apply it as written.
 	ReasonValid = "Valid"

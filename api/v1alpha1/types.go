@@ -259,6 +259,15 @@ type Limit struct {
 // +kubebuilder:validation:XValidation:rule="!has(self.share) || self.share != 'demand' || self.scope == 'nodes' || self.scope == 'service'",message="share demand needs scope nodes or service: the nodes report their demands and read the allocation through the cluster",fieldPath=".share"
 // +kubebuilder:validation:XValidation:rule="!has(self.share) || self.share != 'demand' || !has(self.action) || self.action != 'pace' || !has(self.key) || self.key == 'none'",message="share demand with a key cannot pace: a paced limit's departure times are kept per limit, not per key share",fieldPath=".share"
 // +kubebuilder:validation:XValidation:rule="!has(self.hotKeys) || (has(self.share) && self.share == 'demand' && has(self.key) && self.key != 'none')",message="hotKeys is only allowed with share demand and a key",fieldPath=".hotKeys"
+// +kubebuilder:validation:XValidation:rule="!has(self.onEmpty) || (has(self.unit) && self.unit == 'requests')",message="onEmpty is only allowed with unit requests: the kernel cannot make a packet wait on the way in (see action pace for egress)",fieldPath=".onEmpty"
+// +kubebuilder:validation:XValidation:rule="!has(self.maxWait) || (has(self.onEmpty) && self.onEmpty == 'wait')",message="maxWait is only allowed with onEmpty wait",fieldPath=".maxWait"
+// +kubebuilder:validation:XValidation:rule="!has(self.key) || self.key != 'custom' || (has(self.unit) && self.unit == 'requests')",message="key custom is only allowed with unit requests: it is the application's key function",fieldPath=".key"
+// +kubebuilder:validation:XValidation:rule="!has(self.unit) || self.unit != 'requests' || self.scope != 'nodes'",message="unit requests is enforced in the Service's own processes: scope service (divided by its ready endpoints) or static, not nodes",fieldPath=".scope"
+// +kubebuilder:validation:XValidation:rule="!has(self.unit) || self.unit != 'requests' || !has(self.key) || self.key in ['none', 'src-ip', 'src-prefix', 'custom']",message="unit requests allows key none, src-ip, src-prefix (the client's address) or custom",fieldPath=".key"
+// +kubebuilder:validation:XValidation:rule="!has(self.unit) || self.unit != 'requests' || !has(self.action) || self.action in ['drop', 'shadow']",message="unit requests allows action drop or shadow (onEmpty says whether a request fails or waits)",fieldPath=".action"
+// +kubebuilder:validation:XValidation:rule="!has(self.unit) || self.unit != 'requests' || !has(self.share) || self.share == 'equal'",message="unit requests allows share equal only",fieldPath=".share"
+// +kubebuilder:validation:XValidation:rule="!has(self.unit) || self.unit != 'requests' || !has(self.attach)",message="attach is not allowed with unit requests: no node installs the limit",fieldPath=".attach"
+// +kubebuilder:validation:XValidation:rule="!has(self.unit) || self.unit != 'requests' || ((!has(self.match.direction) || self.match.direction == 'ingress') && (!has(self.match.protocol) || self.match.protocol == 'any') && (!has(self.match.dstPorts) || size(self.match.dstPorts) == 0) && (!has(self.match.srcCIDRs) || size(self.match.srcCIDRs) == 0) && (!has(self.match.dstCIDRs) || size(self.match.dstCIDRs) == 0))",message="unit requests matches every request of the processes that enforce it: match may only name the Service (direction ingress, protocol any, no ports, no CIDRs)",fieldPath=".match"
 // +kubebuilder:validation:XValidation:rule="!has(self.burst) || self.rate > 4000000000 || self.burst <= self.rate * 3600",message="burst must be at most 3600 seconds of rate (rate x 3600)",fieldPath=".burst"
 type RateLimitSpec struct {
 	// Rate is the global rate, in units per second over all replicas; each
@@ -275,9 +284,16 @@ type RateLimitSpec struct {
 	// GRO packet counts one each), a byte on the wire, or a connection
 	// attempt (a TCP SYN without ACK, RST or FIN; the limit's other TCP
 	// packets are not charged; a packet whose transport header cannot be
-	// found counts as one attempt).
-	// (Optional) packets | bytes | connections; default packets. connections
-	// needs protocol tcp or any (then only TCP SYNs count).
+	// found counts as one attempt), or a request: a limit with unit
+	// requests is not enforced by the node agents but inside the Service's
+	// own processes, by the rlagent limiter library (package limiter), per
+	// HTTP request or gRPC call. See docs/library.md.
+	// (Optional) packets | bytes | connections | requests; default packets.
+	// connections needs protocol tcp or any (then only TCP SYNs count).
+	// requests needs scope service (divided by the Service's ready
+	// endpoints: its processes) or static, an empty match (but for
+	// match.service), key none, src-ip, src-prefix or custom, action drop
+	// or shadow, share equal, and no attach.
 	// +kubebuilder:default=packets
 	// +optional
 	Unit Unit `json:"unit,omitempty"`
@@ -301,8 +317,12 @@ type RateLimitSpec struct {
 	// whole limit, or one per source address, destination address, source
 	// prefix, destination prefix or destination port. Each bucket gets the
 	// whole rate.
-	// (Optional) none | src-ip | dst-ip | src-prefix | dst-prefix | dst-port;
-	// default none.
+	// With unit requests, src-ip and src-prefix are the request's client
+	// address, and custom is whatever the application's key function
+	// returns for the request (a header, an API key).
+	// (Optional) none | src-ip | dst-ip | src-prefix | dst-prefix | dst-port
+	// | custom; default none. custom only with unit requests, which allows
+	// none, src-ip, src-prefix and custom.
 	// +kubebuilder:default=none
 	// +optional
 	Key Key `json:"key,omitempty"`
@@ -324,12 +344,33 @@ type RateLimitSpec struct {
 	// it; shadow counts it as would-drop and passes it; pace delays it: the
 	// packet gets an earliest departure time (EDT) at which its tokens will
 	// have accrued, and the uplink's fq qdisc holds it until then (without
-	// fq the time does nothing: see manageQdisc).
-	// (Optional) drop | shadow | pace; default drop. pace only with
-	// match.direction egress and attach uplink.
+	// fq the time does nothing: see manageQdisc); reject drops it and
+	// answers (ingress: see ActionReject). With unit requests, drop
+	// refuses a request (or makes it wait: see onEmpty) and shadow admits
+	// it, counted as refused.
+	// (Optional) drop | shadow | pace | reject; default drop. pace only
+	// with match.direction egress and attach uplink; reject only with
+	// direction ingress; unit requests only drop or shadow.
 	// +kubebuilder:default=drop
 	// +optional
 	Action Action `json:"action,omitempty"`
+
+	// OnEmpty is, for unit requests, what a request whose bucket is empty
+	// does: fail is refused at once (HTTP 429 with Retry-After, gRPC
+	// ResourceExhausted with RetryInfo); wait is held until its token
+	// accrues, bounded by maxWait and the request's own deadline: a
+	// request that could not be served within them fails at once, not
+	// after waiting. (The kernel's counterpart of wait is action pace.)
+	// (Optional) Only with unit requests; fail | wait; default fail.
+	// +optional
+	OnEmpty OnEmpty `json:"onEmpty,omitempty"`
+
+	// MaxWait is how long a request may wait with onEmpty wait.
+	// (Optional) Only with onEmpty wait; 1ms..1m; default 1s.
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Format=duration
+	// +optional
+	MaxWait *metav1.Duration `json:"maxWait,omitempty"`
 
 	// Horizon is how long a paced packet may wait: a packet whose
 	// departure would be later than this from now is dropped (and counted
@@ -474,7 +515,7 @@ type PrefixLength struct {
 }
 
 // Unit is what one token is worth.
-// +kubebuilder:validation:Enum=packets;bytes;connections
+// +kubebuilder:validation:Enum=packets;bytes;connections;requests
 type Unit string
 
 const (
@@ -482,10 +523,13 @@ const (
 	UnitBytes   Unit = "bytes"
 	// UnitConnections counts TCP SYNs without ACK, RST or FIN.
 	UnitConnections Unit = "connections"
+	// UnitRequests counts HTTP requests or gRPC calls: enforced in the
+	// Service's own processes by the limiter library, never by a node.
+	UnitRequests Unit = "requests"
 )
 
 // Key is how a limit splits its traffic into buckets.
-// +kubebuilder:validation:Enum=none;src-ip;dst-ip;src-prefix;dst-prefix;dst-port
+// +kubebuilder:validation:Enum=none;src-ip;dst-ip;src-prefix;dst-prefix;dst-port;custom
 type Key string
 
 const (
@@ -495,6 +539,10 @@ const (
 	KeySrcPrefix Key = "src-prefix"
 	KeyDstPrefix Key = "dst-prefix"
 	KeyDstPort   Key = "dst-port"
+	// KeyCustom (unit requests only) keys a request by what the
+	// application's key function returns for it: a header, an API key, a
+	// consumer's name.
+	KeyCustom Key = "custom"
 )
 
 // Scope is how a limit's global rate is divided among replicas.
@@ -523,6 +571,20 @@ const (
 	// UDP datagram with an ICMP port unreachable (ingress; within the
 	// node's rejectBudget; at attach endpoints, dropped unanswered).
 	ActionReject Action = "reject"
+)
+
+// OnEmpty is what a request does when its bucket is empty (unit
+// requests).
+// +kubebuilder:validation:Enum=fail;wait
+type OnEmpty string
+
+const (
+	// OnEmptyFail refuses the request at once (HTTP 429, gRPC
+	// ResourceExhausted).
+	OnEmptyFail OnEmpty = "fail"
+	// OnEmptyWait holds the request until its token accrues, up to
+	// maxWait; one that would wait longer fails at once.
+	OnEmptyWait OnEmpty = "wait"
 )
 
 // Direction is the hook a limit applies at.
@@ -567,15 +629,18 @@ const (
 
 // The valid values of each enum, in the order error messages list them.
 var (
-	Units      = []Unit{UnitPackets, UnitBytes, UnitConnections}
-	Keys       = []Key{KeyNone, KeySrcIP, KeyDstIP, KeySrcPrefix, KeyDstPrefix, KeyDstPort}
-	Attaches   = []Attach{AttachEndpoints, AttachUplink}
-	Shares     = []Share{ShareEqual, ShareDemand}
-	Fallbacks  = []XDPFallback{XDPFallbackNone, XDPFallbackTC}
-	Hooks      = []EndpointHook{EndpointHookHost, EndpointHookPod}
-	Checks     = []SourceCheck{SourceCheckCount, SourceCheckDrop}
-	Scopes     = []Scope{ScopeStatic, ScopeNodes, ScopeService}
-	Actions    = []Action{ActionDrop, ActionShadow, ActionPace, ActionReject}
-	Directions = []Direction{DirectionIngress, DirectionEgress}
-	Protocols  = []Protocol{ProtocolAny, ProtocolTCP, ProtocolUDP, ProtocolICMP}
+	Units     = []Unit{UnitPackets, UnitBytes, UnitConnections, UnitRequests}
+	Keys      = []Key{KeyNone, KeySrcIP, KeyDstIP, KeySrcPrefix, KeyDstPrefix, KeyDstPort, KeyCustom}
+	OnEmpties = []OnEmpty{OnEmptyFail, OnEmptyWait}
+	// RequestKeys are the keys a limit with unit requests may have.
+	RequestKeys = []Key{KeyNone, KeySrcIP, KeySrcPrefix, KeyCustom}
+	Attaches    = []Attach{AttachEndpoints, AttachUplink}
+	Shares      = []Share{ShareEqual, ShareDemand}
+	Fallbacks   = []XDPFallback{XDPFallbackNone, XDPFallbackTC}
+	Hooks       = []EndpointHook{EndpointHookHost, EndpointHookPod}
+	Checks      = []SourceCheck{SourceCheckCount, SourceCheckDrop}
+	Scopes      = []Scope{ScopeStatic, ScopeNodes, ScopeService}
+	Actions     = []Action{ActionDrop, ActionShadow, ActionPace, ActionReject}
+	Directions  = []Direction{DirectionIngress, DirectionEgress}
+	Protocols   = []Protocol{ProtocolAny, ProtocolTCP, ProtocolUDP, ProtocolICMP}
 )

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -158,6 +159,8 @@ func (s *RateLimitSpec) validate(path string, standalone bool) []error {
 	}
 	switch s.Unit {
 	case UnitPackets, UnitBytes:
+	case UnitRequests:
+		el = append(el, s.validateRequests(path)...)
 	case UnitConnections:
 		if p := s.Match.Protocol; p != ProtocolTCP && p != ProtocolAny && p != "" {
 			el.add(field(path, "unit"), "connections counts TCP SYNs: it needs protocol tcp or any (protocol is %q)", p)
@@ -219,6 +222,10 @@ func (s *RateLimitSpec) validate(path string, standalone bool) []error {
 
 	switch s.Key {
 	case KeyNone, KeySrcIP, KeyDstIP, KeySrcPrefix, KeyDstPrefix:
+	case KeyCustom:
+		if s.Unit != UnitRequests {
+			el.add(field(path, "key"), "custom is only allowed with unit requests (unit is %q): it is the application's key function", s.Unit)
+		}
 	case KeyDstPort:
 		if m.Protocol == ProtocolICMP {
 			el.add(field(path, "key"), "dst-port needs protocol tcp, udp or any: icmp has no ports")
@@ -247,6 +254,12 @@ func (s *RateLimitSpec) validate(path string, standalone bool) []error {
 		}
 	default:
 		el.add(field(path, "scope"), "%s", notOneOf(s.Scope, Scopes))
+	}
+	if s.OnEmpty != "" && s.Unit != UnitRequests {
+		el.add(field(path, "onEmpty"), "only with unit requests (unit is %q): the kernel cannot make a packet wait on the way in (see action pace for egress)", s.Unit)
+	}
+	if s.MaxWait != nil && s.OnEmpty != OnEmptyWait {
+		el.add(field(path, "maxWait"), "only with onEmpty wait (onEmpty is %q)", s.OnEmpty)
 	}
 	switch s.Action {
 	case ActionDrop, ActionShadow, ActionReject:
@@ -289,6 +302,10 @@ func (s *RateLimitSpec) validate(path string, standalone bool) []error {
 		}
 	}
 	switch s.Attach {
+	case "":
+		if s.Unit != UnitRequests {
+			el.add(field(path, "attach"), "%s", notOneOf(s.Attach, Attaches))
+		}
 	case AttachUplink:
 	case AttachEndpoints:
 		// Without a Service the endpoints are the addresses on the
@@ -304,6 +321,41 @@ func (s *RateLimitSpec) validate(path string, standalone bool) []error {
 		}
 	default:
 		el.add(field(path, "attach"), "%s", notOneOf(s.Attach, Attaches))
+	}
+	return el
+}
+
+// validateRequests checks what a limit with unit requests may hold: it is
+// enforced per request in the processes of a Service (or of one host, scope
+// static), so the fields of the packet path do not apply.
+func (s *RateLimitSpec) validateRequests(path string) []error {
+	var el errorList
+	if s.Scope == ScopeNodes {
+		el.add(field(path, "scope"), "unit requests is enforced in the Service's own processes: scope service (divided by its ready endpoints) or static, not nodes")
+	}
+	m, mp := &s.Match, field(path, "match")
+	if m.Direction != DirectionIngress || m.Protocol != ProtocolAny || len(m.DstPorts) > 0 || len(m.SrcCIDRs) > 0 || len(m.DstCIDRs) > 0 {
+		el.add(mp, "unit requests matches every request of the processes that enforce it: match may only name the Service (direction ingress, protocol any, no ports, no CIDRs)")
+	}
+	if !slices.Contains(RequestKeys, s.Key) && slices.Contains(Keys, s.Key) {
+		el.add(field(path, "key"), "%q is not one of %s (the keys of unit requests: the client's address, or the application's key function)", s.Key, choices(RequestKeys))
+	}
+	if s.Action != ActionDrop && s.Action != ActionShadow && slices.Contains(Actions, s.Action) {
+		el.add(field(path, "action"), "unit requests allows action drop or shadow (action is %q): onEmpty says whether a request fails or waits", s.Action)
+	}
+	if s.Share != ShareEqual && slices.Contains(Shares, s.Share) {
+		el.add(field(path, "share"), "unit requests allows share equal only (share is %q)", s.Share)
+	}
+	if s.Attach != "" {
+		el.add(field(path, "attach"), "not allowed with unit requests (attach is %q): no node installs the limit", s.Attach)
+	}
+	switch s.OnEmpty {
+	case OnEmptyFail, OnEmptyWait:
+	default:
+		el.add(field(path, "onEmpty"), "%s", notOneOf(s.OnEmpty, OnEmpties))
+	}
+	if w := s.MaxWait; w != nil && (w.Duration < MinMaxWait || w.Duration > MaxMaxWait) {
+		el.add(field(path, "maxWait"), "%v is not in %v..%v", w.Duration, MinMaxWait, MaxMaxWait)
 	}
 	return el
 }

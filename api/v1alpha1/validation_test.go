@@ -531,3 +531,71 @@ func TestParseCIDR(t *testing.T) {
 		}
 	}
 }
+
+// TestValidateRequests: a limit with unit requests is the limiter
+// library's: scope service or static, a policy instead of an attach point,
+// and none of the packet path's fields. Each bad case breaks one rule, and
+// its error is the only one; the CRD's CEL rules say the same
+// (TestSchemaRejectsInvalid's requests cases).
+func TestValidateRequests(t *testing.T) {
+	svc := Match{Service: "shop/api"}
+	for _, s := range []RateLimitSpec{
+		{Rate: 300, Unit: UnitRequests, Scope: ScopeService, Match: svc},
+		{Rate: 300, Unit: UnitRequests, Scope: ScopeService, Match: svc, Key: KeyCustom, OnEmpty: OnEmptyWait},
+		{Rate: 300, Unit: UnitRequests, Scope: ScopeStatic, Key: KeySrcPrefix, Action: ActionShadow},
+	} {
+		s.Default()
+		if err := s.Validate("spec"); err != nil {
+			t.Errorf("Validate(%+v): %v", s, err)
+		}
+		if s.Attach != "" {
+			t.Errorf("Default(unit requests) set attach %q: no node installs it", s.Attach)
+		}
+		if s.OnEmpty == "" {
+			t.Errorf("Default(unit requests) left onEmpty empty, want %s", OnEmptyFail)
+		}
+		if (s.MaxWait != nil) != (s.OnEmpty == OnEmptyWait) || s.MaxWait != nil && s.MaxWait.Duration != DefaultMaxWait {
+			t.Errorf("Default(onEmpty %s): maxWait %v, want %v only with wait", s.OnEmpty, s.MaxWait, DefaultMaxWait)
+		}
+	}
+	ms := func(d time.Duration) *metav1.Duration { return &metav1.Duration{Duration: d} }
+	for _, tt := range []struct {
+		name string
+		spec RateLimitSpec
+		want string
+	}{
+		{"onEmpty with packets", RateLimitSpec{Rate: 10, Scope: ScopeNodes, OnEmpty: OnEmptyWait},
+			`spec.onEmpty: only with unit requests (unit is "packets")`},
+		{"maxWait with fail", RateLimitSpec{Rate: 10, Unit: UnitRequests, Scope: ScopeStatic, OnEmpty: OnEmptyFail, MaxWait: ms(time.Second)},
+			`spec.maxWait: only with onEmpty wait (onEmpty is "fail")`},
+		{"maxWait too long", RateLimitSpec{Rate: 10, Unit: UnitRequests, Scope: ScopeStatic, OnEmpty: OnEmptyWait, MaxWait: ms(2 * time.Minute)},
+			"spec.maxWait: 2m0s is not in 1ms..1m0s"},
+		{"onEmpty unknown", RateLimitSpec{Rate: 10, Unit: UnitRequests, Scope: ScopeStatic, OnEmpty: "queue"},
+			`spec.onEmpty: "queue" is not one of fail, wait`},
+		{"key custom with packets", RateLimitSpec{Rate: 10, Scope: ScopeNodes, Key: KeyCustom},
+			`spec.key: custom is only allowed with unit requests (unit is "packets")`},
+		{"scope nodes", RateLimitSpec{Rate: 10, Unit: UnitRequests, Scope: ScopeNodes},
+			"spec.scope: unit requests is enforced in the Service's own processes"},
+		{"key dst-ip", RateLimitSpec{Rate: 10, Unit: UnitRequests, Scope: ScopeStatic, Key: KeyDstIP},
+			`spec.key: "dst-ip" is not one of none, src-ip, src-prefix, custom`},
+		{"action reject", RateLimitSpec{Rate: 10, Unit: UnitRequests, Scope: ScopeStatic, Action: ActionReject},
+			`spec.action: unit requests allows action drop or shadow (action is "reject")`},
+		{"share demand", RateLimitSpec{Rate: 10, Unit: UnitRequests, Scope: ScopeService, Match: svc, Share: ShareDemand},
+			`spec.share: unit requests allows share equal only (share is "demand")`},
+		{"attach", RateLimitSpec{Rate: 10, Unit: UnitRequests, Scope: ScopeStatic, Attach: AttachUplink},
+			`spec.attach: not allowed with unit requests (attach is "uplink")`},
+		{"ports", RateLimitSpec{Rate: 10, Unit: UnitRequests, Scope: ScopeStatic, Match: Match{DstPorts: []string{"443"}}},
+			"spec.match: unit requests matches every request of the processes that enforce it"},
+		{"egress", RateLimitSpec{Rate: 10, Unit: UnitRequests, Scope: ScopeStatic, Match: Match{Direction: DirectionEgress}},
+			"spec.match: unit requests matches every request"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s := tt.spec
+			s.Default()
+			errs := fieldErrors(t, s.Validate("spec"))
+			if len(errs) != 1 || !strings.HasPrefix(errs[0].Error(), tt.want) {
+				t.Errorf("Validate = %v, want only %s", errs, tt.want)
+			}
+		})
+	}
+}

@@ -175,6 +175,11 @@ func (in *RateLimitSpec) DeepCopyInto(out *RateLimitSpec) {
 		*out = new(PrefixLength)
 		**out = **in
 	}
+	if in.MaxWait != nil {
+		in, out := &in.MaxWait, &out.MaxWait
+		*out = new(v1.Duration)
+		**out = **in
+	}
 	if in.Horizon != nil {
 		in, out := &in.Horizon, &out.Horizon
 		*out = new(v1.Duration)
