@@ -17,6 +17,7 @@ import (
 
 	"github.com/rlagent/rlagent/client/clientset/versioned"
 	"github.com/rlagent/rlagent/limiter"
+	"github.com/rlagent/rlagent/limiter/spec"
 	"github.com/rlagent/rlagent/watcher"
 )
 
@@ -89,7 +90,7 @@ func NewSource(o Options) (limiter.Source, error) {
 		WithoutAgents:  true,
 		Log:            o.Log,
 	})
-	return &limiter.Specs{
+	return &spec.Source{
 		Limits:  k.Limits,
 		Count:   k,
 		Service: o.Namespace + "/" + o.Service,

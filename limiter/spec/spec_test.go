@@ -1,4 +1,4 @@
-package limiter
+package spec
 
 import (
 	"context"
@@ -12,16 +12,17 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/rlagent/rlagent/api/v1alpha1"
+	"github.com/rlagent/rlagent/limiter"
 	"github.com/rlagent/rlagent/watcher/count"
 )
 
 // runSource runs src and returns a channel of what it applies.
-func runSource(t *testing.T, src Source) <-chan []LimitConfig {
+func runSource(t *testing.T, src limiter.Source) <-chan []limiter.LimitConfig {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	ch := make(chan []LimitConfig, 16)
+	ch := make(chan []limiter.LimitConfig, 16)
 	done := make(chan error, 1)
-	go func() { done <- src.Run(ctx, func(c []LimitConfig) { ch <- c }) }()
+	go func() { done <- src.Run(ctx, func(c []limiter.LimitConfig) { ch <- c }) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
@@ -31,7 +32,7 @@ func runSource(t *testing.T, src Source) <-chan []LimitConfig {
 	return ch
 }
 
-func next(t *testing.T, ch <-chan []LimitConfig) []LimitConfig {
+func next(t *testing.T, ch <-chan []limiter.LimitConfig) []limiter.LimitConfig {
 	t.Helper()
 	select {
 	case c := <-ch:
@@ -55,9 +56,9 @@ func TestFromLimits(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := next(t, runSource(t, src))
-	want := []LimitConfig{
-		{Name: "per-source", Rate: 100, Burst: 10, Keyed: true, OnEmpty: OnEmptyFail, GlobalRate: 300, GlobalBurst: 30, Replicas: 3},
-		{Name: "sampler", Rate: 3, Burst: 1, OnEmpty: OnEmptyWait, MaxWait: 250 * time.Millisecond, Shadow: true, GlobalRate: 10, GlobalBurst: 2, Replicas: 3},
+	want := []limiter.LimitConfig{
+		{Name: "per-source", Rate: 100, Burst: 10, Keyed: true, OnEmpty: limiter.OnEmptyFail, GlobalRate: 300, GlobalBurst: 30, Replicas: 3},
+		{Name: "sampler", Rate: 3, Burst: 1, OnEmpty: limiter.OnEmptyWait, MaxWait: 250 * time.Millisecond, Shadow: true, GlobalRate: 10, GlobalBurst: 2, Replicas: 3},
 	}
 	if len(got) != len(want) {
 		t.Fatalf("applied %+v, want %+v", got, want)
@@ -122,7 +123,7 @@ func TestFromFile(t *testing.T) {
 		t.Fatalf("a malformed count file applied %+v: the last count stands", c)
 	default:
 	}
-	if age := src.(CountAger).CountAge("api"); age < 400*time.Millisecond {
+	if age := limiter.CountAger(src).CountAge("api"); age < 400*time.Millisecond {
 		t.Errorf("count age %v after a malformed count file for 600 ms, want it growing", age)
 	}
 }
@@ -164,7 +165,7 @@ func TestSpecSourceScopes(t *testing.T) {
 	for i := range limits {
 		limits[i].Default()
 	}
-	s := &Specs{
+	s := &Source{
 		Limits: func() ([]v1alpha1.Limit, map[string]error) {
 			return limits, map[string]error{"broken": &v1alpha1.FieldError{Field: "spec.rate", Detail: "bad"}}
 		},

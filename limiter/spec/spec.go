@@ -1,4 +1,9 @@
-package limiter
+// Package spec is the limiter library's Source of RateLimit specs divided
+// by a replica count: limits given in code (FromLimits), read from a file
+// (FromFile), or the cluster's RateLimit objects (package limiter/kube,
+// built on Source). A package of its own so that a program that sets its
+// limits with limiter.Limiter.Apply imports nothing of the API types.
+package spec
 
 import (
 	"context"
@@ -11,6 +16,7 @@ import (
 
 	"github.com/rlagent/rlagent/api/v1alpha1"
 	"github.com/rlagent/rlagent/divide"
+	"github.com/rlagent/rlagent/limiter"
 	"github.com/rlagent/rlagent/watcher/count"
 )
 
@@ -25,11 +31,11 @@ import (
 // Only limits with unit requests are a process's: the others are the node
 // agent's, and a source leaves them out.
 
-// Specs is a Source of RateLimit specs divided by a replica count: the
-// one path from a spec to a LimitConfig, under FromLimits, FromFile and
+// Source is a limiter.Source of RateLimit specs divided by a replica count: the
+// one path from a spec to a limiter.LimitConfig, under FromLimits, FromFile and
 // package limiter/kube (the cluster's RateLimits). Its fields are set
 // before Run and not changed after.
-type Specs struct {
+type Source struct {
 	// Limits returns the limits now, and the reasons some are invalid
 	// (those are not enforced). (Required)
 	Limits func() ([]v1alpha1.Limit, map[string]error)
@@ -48,13 +54,13 @@ type Specs struct {
 	Log *slog.Logger
 
 	mu      sync.Mutex
-	skips   map[string]string // name: why it is not enforced here, as last logged
-	applied []LimitConfig     // what Run last applied
+	skips   map[string]string     // name: why it is not enforced here, as last logged
+	applied []limiter.LimitConfig // what Run last applied
 }
 
 // Run runs the count source and calls apply with every limit's config
 // whenever the limits or a count change, until ctx ends.
-func (s *Specs) Run(ctx context.Context, apply func([]LimitConfig)) error {
+func (s *Source) Run(ctx context.Context, apply func([]limiter.LimitConfig)) error {
 	wake := make(chan struct{}, 1)
 	done := make(chan struct{})
 	go func() {
@@ -99,9 +105,9 @@ func sortedNames[V any](m map[string]V) []string {
 
 // configs divides every limit this process enforces by its count, sorted
 // by name.
-func (s *Specs) configs() []LimitConfig {
+func (s *Source) configs() []limiter.LimitConfig {
 	limits, invalid := s.Limits()
-	var out []LimitConfig
+	var out []limiter.LimitConfig
 	skips := make(map[string]string)
 	for i := range limits {
 		l := &limits[i]
@@ -119,38 +125,38 @@ func (s *Specs) configs() []LimitConfig {
 		}
 		out = append(out, cfg)
 	}
-	slices.SortFunc(out, func(a, b LimitConfig) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(out, func(a, b limiter.LimitConfig) int { return strings.Compare(a.Name, b.Name) })
 	s.logSkips(skips)
 	return out
 }
 
 // config is one limit's config at this process, or why this process does
 // not enforce it.
-func (s *Specs) config(l *v1alpha1.Limit) (LimitConfig, string) {
+func (s *Source) config(l *v1alpha1.Limit) (limiter.LimitConfig, string) {
 	switch {
 	case l.Scope == v1alpha1.ScopeService && s.Service == "":
-		return LimitConfig{}, "scope service needs the cluster's source (package limiter/kube)"
+		return limiter.LimitConfig{}, "scope service needs the cluster's source (package limiter/kube)"
 	case l.Scope == v1alpha1.ScopeService && l.Match.Service != s.Service:
-		return LimitConfig{}, fmt.Sprintf("divided by the endpoints of Service %s, and this process is one of %s", l.Match.Service, s.Service)
+		return limiter.LimitConfig{}, fmt.Sprintf("divided by the endpoints of Service %s, and this process is one of %s", l.Match.Service, s.Service)
 	case l.Scope != v1alpha1.ScopeService && s.Service != "":
-		return LimitConfig{}, fmt.Sprintf("scope %s has no count in a cluster: a limit of a Service's processes has scope service", l.Scope)
+		return limiter.LimitConfig{}, fmt.Sprintf("scope %s has no count in a cluster: a limit of a Service's processes has scope service", l.Scope)
 	}
 	obs := s.Count.Observe(l.Name)
 	burst := l.EffectiveBurst()
 	share := divide.Evenly(l.Rate, burst, obs.Replicas)
-	cfg := LimitConfig{
+	cfg := limiter.LimitConfig{
 		Name:        l.Name,
 		Rate:        float64(share.Rate),
 		Burst:       int64(min(share.Burst, 1<<62)),
 		Keyed:       l.Key != v1alpha1.KeyNone,
-		OnEmpty:     OnEmptyFail,
+		OnEmpty:     limiter.OnEmptyFail,
 		Shadow:      l.Action == v1alpha1.ActionShadow,
 		GlobalRate:  l.Rate,
 		GlobalBurst: burst,
 		Replicas:    share.Divisor,
 	}
 	if l.OnEmpty == v1alpha1.OnEmptyWait {
-		cfg.OnEmpty = OnEmptyWait
+		cfg.OnEmpty = limiter.OnEmptyWait
 		cfg.MaxWait = v1alpha1.DefaultMaxWait
 		if l.MaxWait != nil {
 			cfg.MaxWait = l.MaxWait.Duration
@@ -161,7 +167,7 @@ func (s *Specs) config(l *v1alpha1.Limit) (LimitConfig, string) {
 
 // logSkips logs, once per reason, the limits with unit requests that this
 // process does not enforce.
-func (s *Specs) logSkips(skips map[string]string) {
+func (s *Source) logSkips(skips map[string]string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, name := range sortedNames(skips) {
@@ -172,7 +178,7 @@ func (s *Specs) logSkips(skips map[string]string) {
 	s.skips = skips
 }
 
-func (s *Specs) logger() *slog.Logger {
+func (s *Source) logger() *slog.Logger {
 	if s.Log == nil {
 		return slog.Default()
 	}
@@ -180,29 +186,29 @@ func (s *Specs) logger() *slog.Logger {
 }
 
 // CountAge is how old the count behind a limit is (0 for a static one).
-func (s *Specs) CountAge(limit string) time.Duration {
+func (s *Source) CountAge(limit string) time.Duration {
 	return s.Count.Observe(limit).Age(time.Now())
 }
 
 var _ interface {
-	Source
-	CountAger
-} = (*Specs)(nil)
+	limiter.Source
+	limiter.CountAger
+} = (*Source)(nil)
 
 // FromLimits is a Source of limits given in code, each with unit requests
 // and scope static, shared by a fixed number of processes (replicas). The
 // limits are defaulted and validated as the agent's config file is: an
 // invalid one is an error that names the field.
-func FromLimits(replicas int, limits ...v1alpha1.Limit) (Source, error) {
+func FromLimits(replicas int, limits ...v1alpha1.Limit) (*Source, error) {
 	if replicas < 0 {
-		return nil, fmt.Errorf("limiter: replicas %d: 0 or more (0 is treated as 1)", replicas)
+		return nil, fmt.Errorf("spec: replicas %d: 0 or more (0 is treated as 1)", replicas)
 	}
 	f := &v1alpha1.LimitsFile{Limits: slices.Clone(limits)}
 	n := int32(min(replicas, 1<<31-1))
 	f.Count.Static = &n
 	f.Default()
 	if err := f.Validate(); err != nil {
-		return nil, fmt.Errorf("limiter: %w", err)
+		return nil, fmt.Errorf("spec: %w", err)
 	}
 	return fileSource(f, slog.Default()), nil
 }
@@ -212,14 +218,14 @@ func FromLimits(replicas int, limits ...v1alpha1.Limit) (Source, error) {
 // once, strictly: every problem is an error that names the field. A count
 // in a count file (count.file) is watched as the agent watches it: a
 // missing or malformed file keeps the last count.
-func FromFile(path string, log *slog.Logger) (Source, error) {
+func FromFile(path string, log *slog.Logger) (*Source, error) {
 	data, err := v1alpha1.ReadConfigFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("limiter: %w", err)
+		return nil, fmt.Errorf("spec: %w", err)
 	}
 	f, err := v1alpha1.ParseLimitsFile(data)
 	if err != nil {
-		return nil, fmt.Errorf("limiter: read limits %s: %w", path, err)
+		return nil, fmt.Errorf("spec: read limits %s: %w", path, err)
 	}
 	if log == nil {
 		log = slog.Default()
@@ -227,9 +233,9 @@ func FromFile(path string, log *slog.Logger) (Source, error) {
 	return fileSource(f, log), nil
 }
 
-func fileSource(f *v1alpha1.LimitsFile, log *slog.Logger) *Specs {
+func fileSource(f *v1alpha1.LimitsFile, log *slog.Logger) *Source {
 	limits := slices.Clone(f.Limits)
-	s := &Specs{
+	s := &Source{
 		Limits: func() ([]v1alpha1.Limit, map[string]error) { return limits, nil },
 		Log:    log,
 	}
