@@ -35,7 +35,7 @@ BPF_PACKAGES := clang llvm libbpf-dev
 # Tests read this to turn "needs root" and "kernel lacks X" skips into failures (CI sets it).
 export RLAGENT_REQUIRE_ROOT_TESTS
 
-.PHONY: help deps-bpf deps-test deps-node generate verify-generate build test test-k8s test-node test-scale test-keyed test-fuzz bench demo clean
+.PHONY: help deps-bpf deps-test deps-node generate verify-generate build test test-k8s test-node test-scale test-keyed test-limiter test-fuzz bench demo clean
 
 help: ## list targets and variables
 	@echo 'Usage: make <target> [VAR=value ...]'
@@ -162,11 +162,20 @@ test-keyed: ## keyed demand shares at full length (test/k8s TestKeyedDemandShare
 	RLAGENT_KEYED_INTERVAL=$(KEYED_INTERVAL) \
 		$(GO) test -count=1 -run '^TestKeyedDemandShares$$' -v -timeout 60m $(TESTFLAGS) ./test/k8s/
 
+#: LIMITER_PHASE=30s  each measured window of `make test-limiter` (make test runs TestLimiterFanout's at 5s)
+LIMITER_PHASE ?= 30s
+
+test-limiter: ## the limiter library: its packages, and the fan-out example as 3 processes against a real API server (TestLimiterFanout, windows of LIMITER_PHASE)
+	$(GO) run ./internal/k8stest/k8sbin >/dev/null
+	$(GO) test -count=1 $(TESTFLAGS) ./limiter/...
+	RLAGENT_LIMITER_PHASE=$(LIMITER_PHASE) \
+		$(GO) test -count=1 -run '^(TestLimiterFanout|TestLimiterRBAC)$$' -v -timeout 30m $(TESTFLAGS) ./test/k8s/
+
 test-fuzz: ## fuzz the bpf/ packet parser (FUZZ, default FuzzParse) for FUZZTIME
 	$(GO) test -run '^$$' -fuzz '$(FUZZ)' -fuzztime $(FUZZTIME) ./bpf/
 
 bench: ## run the data path and agent benchmarks (one package at a time) into bench.out and print the summary table
-	$(GO) test -p 1 -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -count $(BENCHCOUNT) ./bpf/ ./agent/ ./test/e2e/ | tee bench.out
+	$(GO) test -p 1 -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -count $(BENCHCOUNT) ./bpf/ ./agent/ ./test/e2e/ ./limiter/ | tee bench.out
 	$(GO) run ./internal/benchtable < bench.out
 
 demo: ## as root: rate-limit real UDP between two network namespaces while the replica count changes (~45 s)

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rlagent/rlagent/internal/nettest"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -154,6 +156,7 @@ func TestWaitPaces(t *testing.T) {
 // TestWaitRealTime: on the real clock, 4 goroutines waiting on a limit
 // of 200/s, burst 10, take (n - burst) / rate for n draws, within 2%.
 func TestWaitRealTime(t *testing.T) {
+	nettest.HoldTraffic(t) // a 2% band on the real clock: not beside another package's traffic
 	l, err := New(Options{Logger: discard()})
 	if err != nil {
 		t.Fatal(err)

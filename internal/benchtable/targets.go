@@ -45,6 +45,10 @@ var targets = []target{
 	{what: "keys=1M x-dram", bound: 2, atMost: true, figure: cellOf("BenchmarkXDP/keys=1M", "x-dram")},
 	{what: "x/time/rate Allow over limits=1 (ns/packet)", bound: 8, figure: ratioOf("BenchmarkRateAllow", "BenchmarkXDP/limits=1")},
 	{what: "x/time/rate Allow over keys=1k (ns/packet)", bound: 4, figure: ratioOf("BenchmarkRateAllow", "BenchmarkXDP/keys=1k")},
+	// The limiter library (issue 25): ratios to references timed in the same run.
+	{what: "limiter Allow, 1 goroutine, x-rate (x/time/rate Allow)", bound: 1.0, atMost: true, figure: cellOf("BenchmarkAllow/goroutines=1", "x-rate")},
+	{what: "limiter Allow, GOMAXPROCS goroutines, x-rate", bound: 0.25, atMost: true, figure: cellOf("BenchmarkAllow/goroutines=gomaxprocs", "x-rate")},
+	{what: "limiter keyed, 1M keys, x-map (a Go map lookup)", bound: 2.0, atMost: true, figure: cellOf("BenchmarkAllowKeyed", "x-map")},
 }
 
 // ratioOf is a's ns/packet over b's.
