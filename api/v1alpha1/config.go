@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"path/filepath"
 	"reflect"
 	"strconv"
 	"strings"
@@ -164,14 +163,7 @@ func (f *LimitsFile) Default() {
 // joined, each a *FieldError.
 func (f *LimitsFile) Validate() error {
 	var el errorList
-	switch {
-	case f.Count.Static != nil && f.Count.File != "":
-		el.add("count", "set one of static, file, not both")
-	case f.Count.Static != nil && *f.Count.Static < 0:
-		el.add("count.static", "%d is not a replica count: 0 or more (0 is treated as 1)", *f.Count.Static)
-	case f.Count.File != "" && !filepath.IsAbs(f.Count.File):
-		el.add("count.file", "%q is not an absolute path", f.Count.File)
-	}
+	el = append(el, f.Count.validate("count")...)
 	names := make(map[string]int)
 	for i := range f.Limits {
 		l := &f.Limits[i]

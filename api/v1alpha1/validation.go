@@ -68,18 +68,7 @@ func (c *Config) Validate() error {
 	default:
 		el.add("endpointSourceCheck", "%s", notOneOf(c.EndpointSourceCheck, Checks))
 	}
-	switch {
-	case c.Count.Static != nil && c.Count.File != "":
-		el.add("count", "set one of static, file, not both")
-	case c.Count.Static == nil && c.Count.File == "":
-		el.add("count", "set one of static, file")
-	}
-	if c.Count.Static != nil && *c.Count.Static < 0 {
-		el.add("count.static", "%d is not a replica count: 0 or more (0 is treated as 1)", *c.Count.Static)
-	}
-	if c.Count.File != "" && !filepath.IsAbs(c.Count.File) {
-		el.add("count.file", "%q is not an absolute path", c.Count.File)
-	}
+	el = append(el, c.Count.validate("count")...)
 	names := make(map[string]int)
 	for i := range c.Limits {
 		l := &c.Limits[i]
@@ -91,6 +80,25 @@ func (c *Config) Validate() error {
 	el = append(el, c.RejectBudget.validate("rejectBudget")...)
 	el = append(el, c.validateProtect()...)
 	return errors.Join(el...)
+}
+
+// validate checks a defaulted count source: the agent's config's, and the
+// limiter library's file's.
+func (c *CountSource) validate(path string) []error {
+	var el errorList
+	switch {
+	case c.Static != nil && c.File != "":
+		el.add(path, "set one of static, file, not both")
+	case c.Static == nil && c.File == "":
+		el.add(path, "set one of static, file")
+	}
+	if c.Static != nil && *c.Static < 0 {
+		el.add(field(path, "static"), "%d is not a replica count: 0 or more (0 is treated as 1)", *c.Static)
+	}
+	if c.File != "" && !filepath.IsAbs(c.File) {
+		el.add(field(path, "file"), "%q is not an absolute path", c.File)
+	}
+	return el
 }
 
 func (b *RejectBudget) validate(path string) []error {
