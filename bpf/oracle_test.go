@@ -138,15 +138,20 @@ func TestOracleCases(t *testing.T) {
 		build func() *orcTrain
 		want  []bool
 	}{
-		{"ipv6 udp 16 destination options headers", func() *orcTrain {
-			return e.train(orcAllPieces(e.mk(true, protoUDP, orcPortP, 64, chain(16, 60)...))...)
+		// Chains longer than the data path walks (RL_MAX_EXTHDRS, 8), and
+		// as long as the kernel still delivers: 6.18.44 drops an IPv6
+		// packet with more than 12 extension headers (measured: 12
+		// destination options headers delivered, 13 dropped), which
+		// earlier kernels delivered.
+		{"ipv6 udp 12 destination options headers", func() *orcTrain {
+			return e.train(orcAllPieces(e.mk(true, protoUDP, orcPortP, 64, chain(12, 60)...))...)
 		}, []bool{true}},
 		{"ipv6 tcp syn 9 headers, atomic fragment among them", func() *orcTrain {
 			x := append(chain(4, 60), orcExt{44, 8}, orcExt{43, 8})
 			return e.train(orcAllPieces(e.mk(true, protoTCP, orcPortT, 0, append(x, chain(3, 60)...)...))...)
 		}, []bool{true}},
-		{"ipv6 udp 12 headers, fragmented after 2", func() *orcTrain {
-			g := e.mk(true, protoUDP, orcPortP, 1200, chain(12, 60)...).split(2, 512)
+		{"ipv6 udp 11 headers and a fragment header, fragmented after 2", func() *orcTrain {
+			g := e.mk(true, protoUDP, orcPortP, 1200, chain(11, 60)...).split(2, 512)
 			return e.train(orcAllPieces(g)...)
 		}, []bool{true}},
 		{"ipv4 udp fragments in order", func() *orcTrain {

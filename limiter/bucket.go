@@ -5,6 +5,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // The token bucket is the data path's, in Go (docs/datapath.md): a GCRA
@@ -26,16 +27,42 @@ type rates struct {
 	tau   int64   // burst x T: how far tat may run ahead of now
 	burst int64
 	chunk int64 // tokens a shard leases at once (key-less limits)
+	// horizon is tau plus MaxWait: how far tat can run ahead of now
+	// under this config. A config change keeps a bucket's debt in time,
+	// but clamps it to the new horizon (clampDebt), so that a smaller
+	// burst does not leave a key owing more than the new one could.
+	horizon int64
+	// stale is how long a shard's lease lasts before another shard gives
+	// its remainder back to the pool: twice the time a chunk lasts when
+	// the rate is spread over every shard, and at least staleLease.
+	stale int64
 }
 
-func newRates(rate float64, burst int64, shards int) rates {
+// staleLease is the shortest time after which a shard that has not
+// leased gives its tokens back ("a few ms", as the data path).
+const staleLease = 4 * time.Millisecond
+
+func newRates(rate float64, burst int64, maxWait time.Duration, shards int) rates {
 	r := rates{tns: 1e9 / rate, burst: burst}
 	r.tau = int64(math.Min(float64(burst)*r.tns, math.MaxInt64/4))
+	r.horizon = r.tau + int64(min(maxWait, time.Duration(math.MaxInt64/4)))
 	// chunk = clamp(rate x 1 ms, 1, burst / (8 x shards)): the tokens
 	// stranded in the shards are at most shards x (chunk - 1) <= burst / 8.
 	// A keyed limit's key has one cache: shards is 1.
 	r.chunk = max(min(int64(rate/1000), burst/int64(8*shards)), 1)
+	r.stale = int64(math.Min(math.Max(float64(staleLease), 2*float64(r.chunk*int64(shards))*r.tns), math.MaxInt64/4))
 	return r
+}
+
+// clampDebt moves tat back to at most now + horizon: a config change
+// keeps what the pool owes, up to what the new config could owe.
+func (p *pool) clampDebt(now, horizon int64) {
+	for {
+		tat := p.tat.Load()
+		if tat <= now+horizon || p.tat.CompareAndSwap(tat, now+horizon) {
+			return
+		}
+	}
 }
 
 // cost is how far n tokens move tat: n x T, rounded up.
@@ -106,7 +133,9 @@ type shard struct {
 	admitted atomic.Uint64 // draws admitted
 	failed   atomic.Uint64 // draws refused (shadow: would have been)
 	waited   atomic.Uint64 // draws that waited
-	_        [32]byte
+	leased   atomic.Int64  // when the shard last leased a chunk
+	sweep    atomic.Uint32 // the next shard this one looks at for a stale lease
+	_        [20]byte
 }
 
 // bucket is a key-less limit's: a pool and its shards.
@@ -155,14 +184,49 @@ func (s *shard) takeFast() bool {
 // (cached: the token came through the cache, and goes back there if the
 // draw is undone); else it draws the n tokens alone.
 func (b *bucket) lease(s *shard, r *rates, n, now int64) (ok, cached bool, retry int64) {
+	b.reclaim(s, r, now)
 	if n == 1 && r.chunk > 1 {
 		if ok, _ := b.pool.take(r, r.chunk, now); ok {
 			s.tokens.Add(r.chunk - 1)
+			s.leased.Store(now)
 			return true, true, 0
 		}
 	}
 	ok, retry = b.pool.take(r, n, now)
 	return ok, false, retry
+}
+
+// reclaim gives back to the pool what one other shard (each in turn)
+// holds, if that shard has not leased for r.stale: its processor stopped
+// drawing, or its goroutines moved. Else its tokens would stay out of the
+// pool until it draws again, and come back then on top of a pool that
+// has refilled: a burst of up to burst + burst/8 after a quiet spell.
+// Only a lease runs it (it reads the clock anyway), so it costs the fast
+// path nothing. With traffic on every shard no lease goes stale.
+func (b *bucket) reclaim(s *shard, r *rates, now int64) {
+	if len(b.shards) == 1 {
+		return
+	}
+	o := &b.shards[s.sweep.Add(1)%uint32(len(b.shards))]
+	if o == s || now-o.leased.Load() < r.stale {
+		return
+	}
+	if v := o.tokens.Load(); v > 0 && o.tokens.CompareAndSwap(v, 0) {
+		b.pool.refund(r.cost(v))
+	}
+}
+
+// rebase carries the bucket over to a new config r: the shards' caches
+// go back to the pool (a chunk of the old config may exceed the new
+// burst), and the pool's debt is clamped (pool.clampDebt).
+func (b *bucket) rebase(r *rates, now int64) {
+	for i := range b.shards {
+		s := &b.shards[i]
+		if v := s.tokens.Load(); v > 0 && s.tokens.CompareAndSwap(v, 0) {
+			b.pool.refund(r.cost(v))
+		}
+	}
+	b.pool.clampDebt(now, r.horizon)
 }
 
 // counts sums the shards' counters.

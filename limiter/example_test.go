@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/rlagent/rlagent/limiter"
 )
 
@@ -87,4 +89,67 @@ func ExampleSet_Status() {
 	st := s.Status(nil, "203.0.113.7")[0]
 	fmt.Println(st.Limit, st.Quota, st.Remaining)
 	// Output: per-client 5 3
+}
+
+// New with every option at its zero value but metrics: limits come from
+// Apply, keyed limits hold up to 100,000 keys, logs go to slog.Default.
+func ExampleNew() {
+	reg := prometheus.NewRegistry()
+	l, err := limiter.New(limiter.Options{Registerer: reg})
+	if err != nil {
+		panic(err)
+	}
+	l.Apply([]limiter.LimitConfig{{Name: "api", Rate: 100, Burst: 10}})
+	l.Set("api").Allow()
+	mfs, _ := reg.Gather()
+	for _, mf := range mfs {
+		if mf.GetName() == "rlagent_limiter_admitted_total" {
+			fmt.Println(mf.GetName(), mf.GetMetric()[0].GetCounter().GetValue())
+		}
+	}
+	// Output: rlagent_limiter_admitted_total 1
+}
+
+// Apply replaces every limit at once; a config that is not valid is
+// refused whole, naming the field, and the limits stay as they were.
+func ExampleLimiter_Apply() {
+	l, _ := limiter.New(limiter.Options{})
+	l.Apply([]limiter.LimitConfig{{Name: "api", Rate: 100, Burst: 10}})
+	err := l.Apply([]limiter.LimitConfig{{Name: "api", Rate: 100, Burst: 0}})
+	fmt.Println(err)
+	c, _ := l.Config("api")
+	fmt.Println(c.Burst)
+	// Output:
+	// limiter: limits[0] (api).Burst: 0 is not at least 1
+	// 10
+}
+
+// A Set follows its names: a limit not configured yet admits, and is
+// enforced from the moment Apply defines it.
+func ExampleLimiter_Set() {
+	l, _ := limiter.New(limiter.Options{})
+	s := l.Set("later")
+	fmt.Println(s.Allow(), s.Allow())
+	l.Apply([]limiter.LimitConfig{{Name: "later", Rate: 1, Burst: 1}})
+	fmt.Println(s.Allow(), s.Allow())
+	// Output:
+	// true true
+	// true false
+}
+
+// AllowN draws several tokens at once, from every limit or from none.
+func ExampleSet_AllowN() {
+	l, _ := limiter.New(limiter.Options{})
+	l.Apply([]limiter.LimitConfig{
+		{Name: "per-user", Rate: 1, Burst: 10, Keyed: true},
+		{Name: "api", Rate: 1, Burst: 15},
+	})
+	s := l.Set("per-user", "api")
+	fmt.Println(s.AllowN(10, "alice")) // alice's whole burst
+	fmt.Println(s.AllowN(10, "bob"))   // bob has 10, api only 5 left: nothing drawn
+	fmt.Println(s.AllowN(5, "bob"))
+	// Output:
+	// true
+	// false
+	// true
 }

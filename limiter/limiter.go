@@ -66,10 +66,11 @@ type limit struct {
 
 // params is one config of a limit, and its buckets.
 type params struct {
-	cfg LimitConfig
-	r   rates
-	b   *bucket // key-less
-	t   *table  // keyed
+	cfg  LimitConfig
+	wait prometheus.Observer // the limit's, nil without metrics
+	r    rates
+	b    *bucket // key-less
+	t    *table  // keyed
 }
 
 // New returns a Limiter, or an error naming the option that is invalid.
@@ -177,7 +178,7 @@ func (l *Limiter) Apply(cfgs []LimitConfig) error {
 		}
 		lim := l.limitLocked(c.Name)
 		old := lim.p.Load()
-		p := &params{cfg: c}
+		p := &params{cfg: c, wait: lim.wait}
 		switch {
 		case old != nil && old.cfg.Keyed == c.Keyed:
 			p.b, p.t = old.b, old.t // the same buckets: what they owe stands
@@ -193,12 +194,23 @@ func (l *Limiter) Apply(cfgs []LimitConfig) error {
 		if p.b != nil {
 			shards = len(p.b.shards)
 		}
-		p.r = newRates(c.Rate, c.Burst, shards)
+		p.r = newRates(c.Rate, c.Burst, c.MaxWait, shards)
 		if old == nil || old.cfg != c {
 			l.log.Info("limit configured", "limit", c.Name, "rate", c.Rate, "burst", c.Burst, "keyed", c.Keyed,
 				"onEmpty", c.OnEmpty, "maxWait", c.MaxWait, "shadow", c.Shadow, "replicas", c.Replicas, "globalRate", c.GlobalRate)
 		}
 		lim.p.Store(p)
+		if old != nil && old.cfg != c {
+			// The same buckets under a new config: what they owe stands,
+			// up to what the new config could owe.
+			now := l.clock.Now()
+			if p.b != nil && p.b == old.b {
+				p.b.rebase(&p.r, now)
+			}
+			if p.t != nil && p.t == old.t {
+				p.t.rebase(&p.r, now)
+			}
+		}
 	}
 	for name, lim := range l.limits {
 		if old := lim.p.Load(); old != nil && !seen[name] {
@@ -266,18 +278,9 @@ func validate(cfgs []LimitConfig) error {
 
 // observeWait records a draw's wait on the limits that waited.
 func (l *Limiter) observeWait(ds []drawn, d time.Duration) {
-	if l.waits == nil {
-		return
-	}
 	for i := range ds {
-		if ds[i].waited {
-			l.limitOf(ds[i].p).wait.Observe(d.Seconds())
+		if ds[i].waited && ds[i].p.wait != nil {
+			ds[i].p.wait.Observe(d.Seconds())
 		}
 	}
-}
-
-func (l *Limiter) limitOf(p *params) *limit {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.limits[p.cfg.Name]
 }

@@ -117,7 +117,7 @@ func (s *Set) draw(n int64, keys []string, wait bool, budget int64, ds []drawn) 
 				key = keys[i]
 			}
 			ks, h := p.t.shardOf(key)
-			e := ks.lookup(key)
+			e := ks.lookup(key, h)
 			if e != nil && n == 1 && e.takeFast() {
 				d.ks, d.e = ks, e
 				ds = append(ds, d)
@@ -329,9 +329,9 @@ func (s *Set) Status(dst []Status, keys ...string) []Status {
 			if i < len(keys) {
 				key = keys[i]
 			}
-			ks, _ := p.t.shardOf(key)
+			ks, h := p.t.shardOf(key)
 			st.Remaining = p.r.burst
-			if e := ks.lookup(key); e != nil {
+			if e := ks.lookup(key, h); e != nil {
 				tokens, full := e.pool.available(&p.r, now)
 				st.Remaining, st.Reset = tokens, time.Duration(full)
 			}

@@ -81,6 +81,22 @@ func OpenPinned(pinDir string) (*Reader, error) {
 			return nil, fmt.Errorf("open pinned map %s in %s: %w", name, dir, err)
 		}
 	}
+	// The maps every layout has had: one missing means the directory was
+	// being replaced while it was read (an agent moving its state to a
+	// new layout removes the old pins), not an older layout. A reader
+	// then fails, never reads a nil map.
+	o := &d.objs.RatelimitMaps
+	for name, m := range map[string]*ebpf.Map{
+		bpf.RatelimitMapRlCfg: o.RlCfg, bpf.RatelimitMapRlLimits: o.RlLimits, bpf.RatelimitMapRlProtoAny: o.RlProtoAny,
+		bpf.RatelimitMapRlPorts: o.RlPorts, bpf.RatelimitMapRlSrc4: o.RlSrc4, bpf.RatelimitMapRlSrc6: o.RlSrc6,
+		bpf.RatelimitMapRlDst4: o.RlDst4, bpf.RatelimitMapRlDst6: o.RlDst6,
+		bpf.RatelimitMapRlSrc4Head: o.RlSrc4Head, bpf.RatelimitMapRlDst4Head: o.RlDst4Head,
+	} {
+		if m == nil {
+			o.Close()
+			return nil, fmt.Errorf("open %s: %s went away while the pins were read (an agent replacing them?); read again: %w", dir, name, ErrNotPinned)
+		}
+	}
 	if err := d.load(); err != nil {
 		d.objs.RatelimitMaps.Close()
 		return nil, fmt.Errorf("read pinned maps in %s: %w", dir, err)
