@@ -61,6 +61,19 @@ func limiterApp(t *testing.T, env *k8stest.Env, ns string) *rest.Config {
 		UserName: "system:serviceaccount:" + ns + ":api",
 		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"},
 	}
+	// The API server's RBAC authorizer reads the bindings from its own
+	// informers: a binding just written takes a moment to count.
+	for _, ra := range []authorizationv1.ResourceAttributes{
+		{Namespace: ns, Verb: "watch", Group: "discovery.k8s.io", Resource: "endpointslices"},
+		{Verb: "watch", Group: v1alpha1.GroupName, Resource: "ratelimits"},
+	} {
+		k8stest.WaitUntil(t, "the application's RBAC in force", func() bool {
+			sar, err := env.Clientset().AuthorizationV1().SubjectAccessReviews().Create(t.Context(), &authorizationv1.SubjectAccessReview{
+				Spec: authorizationv1.SubjectAccessReviewSpec{User: cfg.Impersonate.UserName, Groups: cfg.Impersonate.Groups, ResourceAttributes: &ra},
+			}, metav1.CreateOptions{})
+			return err == nil && sar.Status.Allowed
+		})
+	}
 	return cfg
 }
 
