@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"encoding/binary"
 	"hash/maphash"
 	"math/rand/v2"
 	"strings"
@@ -45,6 +46,7 @@ import (
 // then starts full, as a key never seen does.
 type table struct {
 	seed   maphash.Seed
+	long   maphash.Seed // the second half of a long key's digest
 	shift  uint // a key's shard is its hash >> shift
 	shards [tableShards]keyShard
 }
@@ -142,7 +144,7 @@ type tomb struct {
 }
 
 func newTable(maxKeys int) *table {
-	t := &table{seed: maphash.MakeSeed()}
+	t := &table{seed: maphash.MakeSeed(), long: maphash.MakeSeed()}
 	// As many shards as fit (at most tableShards, at least one key
 	// each), so that the shards' parts add up to maxKeys.
 	bits := uint(0)
@@ -162,6 +164,26 @@ func newTable(maxKeys int) *table {
 		s.tombs = make([]tomb, max(s.max/4, 4))
 	}
 	return t
+}
+
+// maxKeyBytes bounds what a slot keeps of a key: a longer key (a header a
+// client writes, up to the server's header limit) is kept as a 128-bit
+// digest of it, under two seeds of the table, so that a table of MaxKeys
+// keys never holds more than MaxKeys x maxKeyBytes of them. Digests are
+// seeded per table: a client cannot make two long keys collide.
+const maxKeyBytes = 128
+
+// canon is key as the table keeps it: itself, or the digest of a long
+// one (which allocates: only long keys pay for it).
+func (t *table) canon(key string) string {
+	if len(key) <= maxKeyBytes {
+		return key
+	}
+	var d [17]byte
+	d[0] = 0xff // a short key equal to a digest would have to guess both seeds
+	binary.LittleEndian.PutUint64(d[1:], maphash.String(t.seed, key))
+	binary.LittleEndian.PutUint64(d[9:], maphash.String(t.long, key))
+	return string(d[:])
 }
 
 // shardOf is key's shard, and its hash.

@@ -14,7 +14,6 @@ import (
 	"github.com/rlagent/rlagent/internal/nettest"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // fakeClock is a Clock that tests move by hand.
@@ -286,39 +285,15 @@ func TestAllOrNothing(t *testing.T) {
 	if !l.Set("a", "k").Allow("", "y") {
 		t.Error("another key of k refused")
 	}
-	if got := testutil.ToFloat64(collectorFor(t, reg, "rlagent_limiter_failed_total", "b")); got != 3 {
+	if got := metricValue(t, reg, "rlagent_limiter_failed_total", "b"); got != 3 {
 		t.Errorf("b failed %v, want 3", got)
 	}
-	if got := testutil.ToFloat64(collectorFor(t, reg, "rlagent_limiter_failed_total", "sh")); got != 1 {
+	if got := metricValue(t, reg, "rlagent_limiter_failed_total", "sh"); got != 1 {
 		t.Errorf("shadow failed %v, want 1 (the second draw; admitted all the same)", got)
 	}
-	if got := testutil.ToFloat64(collectorFor(t, reg, "rlagent_limiter_admitted_total", "a")); got != 3 {
+	if got := metricValue(t, reg, "rlagent_limiter_admitted_total", "a"); got != 3 {
 		t.Errorf("a admitted %v, want 3", got)
 	}
-}
-
-// collectorFor finds one metric of reg.
-func collectorFor(t *testing.T, reg *prometheus.Registry, name, limit string) prometheus.Collector {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			if m.GetLabel()[0].GetValue() == limit {
-				v := m.GetCounter().GetValue() + m.GetGauge().GetValue()
-				g := prometheus.NewGauge(prometheus.GaugeOpts{Name: "x"})
-				g.Set(v)
-				return g
-			}
-		}
-	}
-	t.Fatalf("no %s{limit=%q}", name, limit)
-	return nil
 }
 
 // sameShard returns n keys that land in key's shard of t.
@@ -518,3 +493,26 @@ func TestTableHashIsSeeded(t *testing.T) {
 }
 
 func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// TestLongKeys: a key longer than maxKeyBytes (a header a client writes)
+// is kept as a digest: the table holds no more than maxKeyBytes of it,
+// and two long keys that differ only at their end stay two keys.
+func TestLongKeys(t *testing.T) {
+	l, _ := newTest(t, Options{}, LimitConfig{Name: "k", Rate: 0.001, Burst: 1, Keyed: true})
+	s := l.Set("k")
+	a := strings.Repeat("a", 1<<20)
+	b := a[:len(a)-1] + "b"
+	if !s.Allow(a) || s.Allow(a) {
+		t.Fatal("a long key does not hold its burst of 1")
+	}
+	if !s.Allow(b) {
+		t.Error("a second long key, differing at its end, shares the first's bucket")
+	}
+	tb := s.limits[0].p.Load().t
+	if c := tb.canon(a); len(c) > maxKeyBytes || c == tb.canon(b) {
+		t.Errorf("a key of %d bytes is kept as %d bytes (digests equal: %v)", len(a), len(c), c == tb.canon(b))
+	}
+	if st := s.Status(nil, a); st[0].Remaining != 0 {
+		t.Errorf("Status of the long key: %d left, want 0", st[0].Remaining)
+	}
+}

@@ -116,6 +116,7 @@ func (s *Set) draw(n int64, keys []string, wait bool, budget int64, ds []drawn) 
 			if i < len(keys) {
 				key = keys[i]
 			}
+			key = p.t.canon(key)
 			ks, h := p.t.shardOf(key)
 			e := ks.lookup(key, h)
 			if e != nil && n == 1 && e.takeFast() {
@@ -329,6 +330,7 @@ func (s *Set) Status(dst []Status, keys ...string) []Status {
 			if i < len(keys) {
 				key = keys[i]
 			}
+			key = p.t.canon(key)
 			ks, h := p.t.shardOf(key)
 			st.Remaining = p.r.burst
 			if e := ks.lookup(key, h); e != nil {
