@@ -47,7 +47,7 @@ import (
 type table struct {
 	seed   maphash.Seed
 	long   maphash.Seed // the second half of a long key's digest
-	shift  uint // a key's shard is its hash >> shift
+	shift  uint         // a key's shard is its hash >> shift
 	shards [tableShards]keyShard
 }
 
