@@ -60,21 +60,27 @@ deps-bpf: ## install clang, llvm-strip and libbpf headers with apt-get if any is
 	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $(BPF_PACKAGES)
 
 # Debian packages the privileged tests run: nft (package nftables) loads the DNAT rules of
-# internal/nettest's topologies, inside their own network namespaces only.
-TEST_PACKAGES := nftables
+# internal/nettest's topologies, inside their own network namespaces only; bpftool dumps the
+# pinned maps as the README shows (test/e2e TestBpftoolMapDump).
+TEST_PACKAGES := nftables bpftool
 
-deps-test: ## install the tools the privileged tests run (nft, package nftables) with apt-get if missing (root only)
-	@if command -v nft >/dev/null || [ -x /usr/sbin/nft ]; then exit 0; fi; \
+deps-test: ## install the tools the privileged tests run (nft, package nftables; bpftool) with apt-get if missing (root only)
+	@missing=; \
+	for pkg in $(TEST_PACKAGES); do \
+		case $$pkg in nftables) tool=nft;; *) tool=$$pkg;; esac; \
+		if ! command -v $$tool >/dev/null && [ ! -x /usr/sbin/$$tool ]; then missing="$$missing $$pkg"; fi; \
+	done; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
 	if [ "$$(id -u)" -ne 0 ]; then \
-		echo 'deps-test: nft is missing; the tests that need it run only as root, which can install it: apt-get install $(TEST_PACKAGES)' >&2; \
+		echo "deps-test: missing the packages$$missing; the tests that need them run only as root, which can install them: apt-get install$$missing" >&2; \
 		exit 0; \
 	fi; \
 	if ! command -v apt-get >/dev/null; then \
-		echo 'deps-test: nft is missing: install the package $(TEST_PACKAGES).' >&2; \
+		echo "deps-test: missing the packages$$missing: install them." >&2; \
 		exit 1; \
 	fi; \
-	echo 'deps-test: installing $(TEST_PACKAGES)'; \
-	apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $(TEST_PACKAGES)
+	echo "deps-test: installing$$missing"; \
+	apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing
 
 # The RateLimit clientset, listers and informers (client/), generated from
 # api/v1alpha1 by k8s.io/code-generator (hack/tools pins the release).
