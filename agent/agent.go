@@ -16,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/client-go/rest"
 
 	"github.com/rlagent/rlagent/api/v1alpha1"
 	"github.com/rlagent/rlagent/attach"
@@ -45,6 +46,10 @@ type Options struct {
 	// APIServer, if set, follows the endpoints of the agent's API server
 	// connection, which protectAPIServer protects (see protect.go).
 	APIServer *watcher.APIServer
+	// KubeConfig, if set, is the cluster's client config: the secure
+	// metrics listener (secureMetrics) has its API server check each
+	// scrape. A config with secureMetrics needs it.
+	KubeConfig *rest.Config
 	// PinDir, if set, replaces the config file's pinDir (a flag of run).
 	PinDir string
 	// EphemeralPins accepts a pin directory that does not outlive the
@@ -150,6 +155,21 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	if srv != nil {
 		defer srv.Close()
+	}
+	// The plain listener's handler (its /metrics) if it has one: one
+	// scrape at a time over both listeners.
+	var scrape http.Handler
+	if srv != nil {
+		scrape = srv.Handler
+	} else {
+		scrape = promhttp.HandlerFor(reg, promhttp.HandlerOpts{MaxRequestsInFlight: 1})
+	}
+	ssrv, _, err := serveSecureMetrics(ctx, cfg.SecureMetrics, opts.KubeConfig, scrape, a.log)
+	if err != nil {
+		return err
+	}
+	if ssrv != nil {
+		defer ssrv.Close()
 	}
 	if opts.Ready != nil {
 		opts.Ready(addr)
@@ -501,6 +521,9 @@ func loadConfig(opts Options) (*v1alpha1.Config, error) {
 	}
 	if opts.PinDir != "" {
 		cfg.PinDir = opts.PinDir
+	}
+	if err := checkSecureMetrics(cfg.SecureMetrics, opts.KubeConfig); err != nil {
+		return nil, err
 	}
 	if cfg.ProtectOff() { // at every start and reload, as protectAPIServer: false
 		opts.Log.Warn(v1alpha1.ProtectOffWarning, "path", opts.ConfigPath)

@@ -17,6 +17,9 @@ const fullConfig = `
 interfaces: [eth0, "ens5"]
 pinDir: /sys/fs/bpf/rl-test
 metricsAddress: "[::1]:9999"
+secureMetrics:
+  address: ":9479"
+  certDir: /etc/rlagent/tls
 maxBuckets: 131072
 count:
   file: /run/rlagent/replicas
@@ -59,6 +62,7 @@ func TestParseConfig(t *testing.T) {
 		Interfaces:          []string{"eth0", "ens5"},
 		PinDir:              "/sys/fs/bpf/rl-test",
 		MetricsAddress:      "[::1]:9999",
+		SecureMetrics:       SecureMetrics{Address: ":9479", CertDir: "/etc/rlagent/tls"},
 		MaxBuckets:          131072,
 		Count:               CountSource{File: "/run/rlagent/replicas"},
 		Protect:             DefaultProtect(),
@@ -147,7 +151,7 @@ func TestDecodeErrors(t *testing.T) {
 		want []string // each must appear in the error
 	}{
 		{"unknown top-level field", "interfaces: [eth0]\ninterface: eth1\n",
-			[]string{"interface: unknown field; valid fields: interfaces, pinDir, metricsAddress, maxBuckets, count, limits"}},
+			[]string{"interface: unknown field; valid fields: interfaces, pinDir, metricsAddress, secureMetrics, maxBuckets, count, limits"}},
 		{"unknown nested field", "interfaces: [eth0]\nlimits:\n- name: a\n  rate: 1\n  match: {dstPort: 53}\n",
 			[]string{"limits[0].match.dstPort: unknown field; valid fields: direction, protocol, dstPorts, srcCIDRs, dstCIDRs, service"}},
 		{"unknown field in a limit lists the inline fields", "limits:\n- name: a\n  rate: 1\n  match: {}\n  burts: 3\n",
@@ -162,6 +166,8 @@ func TestDecodeErrors(t *testing.T) {
 			[]string{"metricsAddress: YAML reads this unquoted value as a boolean", "quote it"}},
 		{"list expected", "interfaces: eth0\n", []string{`interfaces: expected a list, got the string "eth0"`}},
 		{"mapping expected", "interfaces: [eth0]\ncount: 3\n", []string{"count: expected a mapping, got 3"}},
+		{"unknown secure metrics field", "interfaces: [eth0]\nsecureMetrics: {address: \":9479\", certFile: /x}\n",
+			[]string{"secureMetrics.certFile: unknown field; valid fields: address, certDir"}},
 		{"quoted number", "limits:\n- name: a\n  rate: \"100\"\n  match: {}\n",
 			[]string{`limits[0].rate: expected a whole number, got the string "100"`}},
 		{"fraction", "limits:\n- name: a\n  rate: 1.5\n  match: {}\n", []string{"limits[0].rate: 1.5 is not a whole number"}},

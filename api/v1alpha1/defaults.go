@@ -13,6 +13,10 @@ const (
 	DefaultMetricsAddress = "127.0.0.1:9478"
 	// MetricsOff as the metrics address serves no metrics.
 	MetricsOff = "off"
+	// SecureMetricsPort is the port deploy/monitoring's Service and
+	// monitors scrape. It is not a default: secureMetrics.address left out
+	// is off.
+	SecureMetricsPort = 9479
 
 	DefaultMaxBuckets = 65536
 	MinMaxBuckets     = 1024

@@ -131,6 +131,9 @@ type deployment struct {
 	// limiter are the manifests of deploy/limiter/: an application's RBAC
 	// for the limiter library.
 	limiter []manifest
+	// monitoring are the manifests of deploy/monitoring/: Prometheus's
+	// (TestMonitoring).
+	monitoring []manifest
 }
 
 func readDeployment(t *testing.T) *deployment {
@@ -139,6 +142,10 @@ func readDeployment(t *testing.T) *deployment {
 	for _, m := range readManifests(t) {
 		if strings.HasPrefix(m.at, "deploy/limiter/") {
 			d.limiter = append(d.limiter, m) // an application's, not the agents': TestLimiterRBAC
+			continue
+		}
+		if strings.HasPrefix(m.at, "deploy/monitoring/") {
+			d.monitoring = append(d.monitoring, m) // Prometheus's, not the agents': TestMonitoring
 			continue
 		}
 		switch m.gvk {
@@ -586,6 +593,9 @@ func TestRBAC(t *testing.T) {
 		{APIGroups: []string{GroupName}, Resources: []string{"ratelimits"}, Verbs: read},
 		{APIGroups: []string{GroupName}, Resources: []string{"ratelimits/status"}, Verbs: []string{"update", "patch"}},
 		{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: read},
+		// secureMetrics' reviews of each scrape.
+		{APIGroups: []string{"authentication.k8s.io"}, Resources: []string{"tokenreviews"}, Verbs: []string{"create"}},
+		{APIGroups: []string{"authorization.k8s.io"}, Resources: []string{"subjectaccessreviews"}, Verbs: []string{"create"}},
 	}; !reflect.DeepEqual(d.clusterRoles[0].Rules, want) {
 		t.Errorf("ClusterRole rules\n%+v\nwant\n%+v", d.clusterRoles[0].Rules, want)
 	}

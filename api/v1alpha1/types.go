@@ -18,6 +18,13 @@ type Config struct {
 	// (Optional) Default "127.0.0.1:9478". Never empty after defaulting.
 	MetricsAddress string `json:"metricsAddress,omitempty"`
 
+	// SecureMetrics serves /metrics over TLS to the clients the cluster's
+	// API server vouches for, so that Prometheus can scrape the agent from
+	// off the node; the plain metricsAddress listener (and the probes on
+	// it) stays as it is. See SecureMetrics.
+	// (Optional) Default: off.
+	SecureMetrics SecureMetrics `json:"secureMetrics,omitzero"`
+
 	// MaxBuckets is how many keyed buckets (one per key of a limit keyed by
 	// src-ip, dst-ip, src-prefix or dst-port) the node holds at once; beyond
 	// it the least recently used key is evicted.
@@ -113,6 +120,28 @@ type Config struct {
 	// missing.
 	// (Optional) Default false.
 	ManageQdisc bool `json:"manageQdisc,omitempty"`
+}
+
+// SecureMetrics is the agent's second metrics listener: TLS, and every
+// request authenticated (a bearer token, checked with a TokenReview) and
+// authorized (get on the non-resource URL /metrics, checked with a
+// SubjectAccessReview) by the API server, as the Kubernetes components
+// serve theirs. It needs a cluster: the agent runs in a pod or with
+// --kubeconfig.
+type SecureMetrics struct {
+	// Address is the host:port to serve /metrics on, e.g. ":9479" (every
+	// address of the node: the agent runs with hostNetwork).
+	// (Optional) host:port with a port in 1..65535, not metricsAddress's;
+	// default "": off.
+	Address string `json:"address,omitempty"`
+
+	// CertDir is a directory that holds the serving certificate, tls.crt,
+	// and its key, tls.key (a mounted cert-manager Secret): they are read
+	// at start and again whenever they change. Left out, the agent makes a
+	// self-signed certificate at start, which Prometheus can only accept
+	// without verifying it (insecureSkipVerify).
+	// (Optional) An absolute path, only with address; default "".
+	CertDir string `json:"certDir,omitempty"`
 }
 
 // RejectBudget is the node's budget of replies to rejected packets.

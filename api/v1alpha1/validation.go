@@ -50,6 +50,7 @@ func (c *Config) Validate() error {
 	if err := validMetricsAddress(c.MetricsAddress); err != nil {
 		el.add("metricsAddress", "%v", err)
 	}
+	el = append(el, c.SecureMetrics.validate("secureMetrics", c.MetricsAddress)...)
 	if c.MaxBuckets < MinMaxBuckets || c.MaxBuckets > MaxMaxBuckets {
 		el.add("maxBuckets", "%d is not in %d..%d", c.MaxBuckets, MinMaxBuckets, MaxMaxBuckets)
 	}
@@ -444,6 +445,43 @@ func validMetricsAddress(a string) error {
 		return fmt.Errorf("%q: port %q is not a number in 1..65535", a, port)
 	}
 	return nil
+}
+
+// validate checks the secure metrics listener; plain is metricsAddress,
+// whose port it cannot share.
+func (m *SecureMetrics) validate(path, plain string) []error {
+	var el errorList
+	if m.Address != "" {
+		host, port, err := net.SplitHostPort(m.Address)
+		switch n, perr := strconv.ParseUint(port, 10, 16); {
+		case err != nil:
+			el.add(field(path, "address"), "%q is not host:port (e.g. \":%d\", every address) or \"\" (off)", m.Address, SecureMetricsPort)
+		case perr != nil || n == 0:
+			el.add(field(path, "address"), "%q: port %q is not a number in 1..65535", m.Address, port)
+		case plain != MetricsOff && sameListener(host, port, plain):
+			el.add(field(path, "address"), "%q: metricsAddress %q has that port; the plain and the TLS listener need a port each", m.Address, plain)
+		}
+	}
+	if m.CertDir != "" {
+		switch {
+		case m.Address == "":
+			el.add(field(path, "certDir"), "set without address: certDir is the certificate of the listener at address (\"\": off)")
+		case !filepath.IsAbs(m.CertDir):
+			el.add(field(path, "certDir"), "%q is not an absolute path (a directory with tls.crt and tls.key)", m.CertDir)
+		}
+	}
+	return el
+}
+
+// sameListener reports whether host:port would collide with the listener
+// at addr: the same port, on the same host or on every address.
+func sameListener(host, port, addr string) bool {
+	h, p, err := net.SplitHostPort(addr)
+	if err != nil || p != port {
+		return false
+	}
+	every := func(h string) bool { return h == "" || h == "0.0.0.0" || h == "::" }
+	return h == host || every(h) || every(host)
 }
 
 // isDNSLabel reports whether s is an RFC 1123 label: 1..63 lowercase

@@ -103,6 +103,16 @@ func TestValidateRules(t *testing.T) {
 			"metricsAddress", []string{`port "http" is not a number in 1..65535`}},
 		{"metrics disabled spelled wrong", func(c *Config) { c.MetricsAddress = "none" },
 			"metricsAddress", []string{`is not "off" or host:port`}},
+		{"secure metrics without port", func(c *Config) { c.SecureMetrics.Address = "0.0.0.0" },
+			"secureMetrics.address", []string{`"0.0.0.0" is not host:port (e.g. ":9479", every address) or "" (off)`}},
+		{"secure metrics named port", func(c *Config) { c.SecureMetrics.Address = ":https" },
+			"secureMetrics.address", []string{`port "https" is not a number in 1..65535`}},
+		{"secure metrics on the plain port", func(c *Config) { c.SecureMetrics.Address = ":9478" },
+			"secureMetrics.address", []string{`metricsAddress "127.0.0.1:9478" has that port`, "a port each"}},
+		{"secure metrics cert dir without address", func(c *Config) { c.SecureMetrics.CertDir = "/etc/rlagent/tls" },
+			"secureMetrics.certDir", []string{"set without address"}},
+		{"secure metrics relative cert dir", func(c *Config) { c.SecureMetrics = SecureMetrics{Address: ":9479", CertDir: "tls"} },
+			"secureMetrics.certDir", []string{`"tls" is not an absolute path`}},
 		{"max buckets too small", func(c *Config) { c.MaxBuckets = 1023 },
 			"maxBuckets", []string{"1023 is not in 1024..16777216"}},
 		{"max buckets too large", func(c *Config) { c.MaxBuckets = 1<<24 + 1 },
@@ -305,6 +315,14 @@ func TestValidateAccepts(t *testing.T) {
 		{"metrics off", func(c *Config) { c.MetricsAddress = MetricsOff }},
 		{"metrics on all addresses", func(c *Config) { c.MetricsAddress = ":9478" }},
 		{"metrics on ipv6", func(c *Config) { c.MetricsAddress = "[::1]:9478" }},
+		{"secure metrics", func(c *Config) { c.SecureMetrics.Address = ":9479" }},
+		{"secure metrics with a cert dir", func(c *Config) {
+			c.SecureMetrics = SecureMetrics{Address: "[::]:9479", CertDir: "/etc/rlagent/tls"}
+		}},
+		{"secure metrics on the plain port of another address", func(c *Config) { c.SecureMetrics.Address = "10.0.0.5:9478" }},
+		{"secure metrics on the plain port, metrics off", func(c *Config) {
+			c.MetricsAddress, c.SecureMetrics.Address = MetricsOff, ":9478"
+		}},
 		{"count 0", func(c *Config) { c.Count.Static = ptr(int32(0)) }},
 		{"count file", func(c *Config) { c.Count = CountSource{File: "/run/rlagent/replicas"} }},
 		{"no limits", func(c *Config) { c.Limits = nil }},

@@ -75,9 +75,13 @@ A stale count is reported there as a note but keeps the agent ready.`,
 			if err != nil {
 				return err
 			}
+			kube, err := cluster.config() // secureMetrics' reviews
+			if err != nil {
+				return err
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
-			return agent.Run(ctx, agent.Options{ConfigPath: config, Log: log, Kubernetes: k8s, APIServer: api, Identity: cluster.pod,
+			return agent.Run(ctx, agent.Options{ConfigPath: config, Log: log, Kubernetes: k8s, APIServer: api, KubeConfig: kube, Identity: cluster.pod,
 				PinDir: pinDir, EphemeralPins: ephemeral, Ready: func(addr string) {
 					log.Info("ready", "metrics", addr)
 				}})
