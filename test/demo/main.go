@@ -6,9 +6,16 @@
 // file as the replica count, floods UDP/53 from the other end at 40,000 pkt/s
 // with a bounded, paced sender, and prints once a second what the agent
 // reports and what a socket behind it received, while the count file goes
-// 1 -> 2 -> 4 -> 1. It stops by itself after about 40 s, or on Ctrl-C, and
-// removes everything it created: the agent process, the pins (`rlagent
-// cleanup`), the private bpffs, the namespaces and its temporary files.
+// 1 -> 2 -> 4 -> 1, -phase (10 s) each. It stops by itself after the last
+// phase, or on Ctrl-C, and removes everything it created: the agent process,
+// the pins (`rlagent cleanup`), the private bpffs, the namespaces and its
+// temporary files.
+//
+// Its verdict is its exit status: 1 when a count's mean admitted rate (the
+// phase's seconds after the first line whose status shows its share) is off
+// its share, global / count, by more than -tolerance percent, or status
+// reports another share; stderr names the count. `make test` runs it with 3 s
+// phases at the end-to-end tests' rates (TestDemo).
 package main
 
 import (
@@ -25,6 +32,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -42,11 +50,12 @@ const (
 )
 
 type options struct {
-	rlagent string
-	rate    uint64
-	offered float64
-	phase   time.Duration
-	counts  []int
+	rlagent   string
+	rate      uint64
+	offered   float64
+	phase     time.Duration
+	counts    []int
+	tolerance float64 // percent of the share
 }
 
 func main() {
@@ -59,7 +68,14 @@ func main() {
 	flag.Float64Var(&o.offered, "offered", 40000, "the rate the client offers, packets per second")
 	flag.DurationVar(&o.phase, "phase", 10*time.Second, "how long each count lasts")
 	flag.StringVar(&counts, "counts", "1,2,4,1", "the replica counts, in order")
+	flag.Float64Var(&o.tolerance, "tolerance", 5, "how far each count's mean admitted rate may be off its share, in percent, before the demo fails")
 	flag.Parse()
+	// The first second of a phase is not measured: the new count applies
+	// within it.
+	if o.phase < 2*time.Second {
+		fmt.Fprintf(os.Stderr, "demo: -phase %v: want at least 2s (a second to apply the count, one to measure it)\n", o.phase)
+		os.Exit(2)
+	}
 	for f := range strings.SplitSeq(counts, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
 		if err != nil || n < 1 {
@@ -218,11 +234,12 @@ rlagent demo: one global limit, divided among replicas
 	fmt.Printf("\n%6s  %5s  %8s  %10s  %10s  %10s  %8s\n", "time", "count", "replicas", "share/s", "offered/s", "admitted/s", "vs share")
 }
 
-// second is one printed line.
+// second is one printed line: the second from from.
 type second struct {
-	count    int
-	share    uint64
-	admitted float64
+	from              time.Time
+	count             int
+	share             uint64
+	admitted, offered float64
 }
 
 func (d *demo) show(ctx context.Context, total time.Duration) error {
@@ -246,7 +263,7 @@ func (d *demo) show(ctx context.Context, total time.Duration) error {
 		err := wait(end)
 		if errors.Is(err, context.Canceled) {
 			fmt.Println("\ninterrupted")
-			d.summary(lines)
+			d.summary(lines) // no verdict on part of a run
 			return nil
 		}
 		if err != nil {
@@ -268,45 +285,119 @@ func (d *demo) show(ctx context.Context, total time.Duration) error {
 			return err
 		}
 		from := end.Add(-time.Second)
-		line := second{count: o.counts[phase], share: st.ShareRate, admitted: d.recv.Got().Rate(from, end)}
+		line := second{from: from, count: o.counts[phase], share: st.ShareRate, admitted: d.recv.Got().Rate(from, end),
+			offered: d.sender.Sent().Rate(from, end)}
 		fmt.Printf("%5ds  %5d  %8d  %10d  %10.0f  %10.0f  %+7.1f%%\n", k, line.count, st.Replicas, st.ShareRate,
-			d.sender.Sent().Rate(from, end), line.admitted, pctDiff(line.admitted, float64(st.ShareRate)))
+			line.offered, line.admitted, pctDiff(line.admitted, float64(st.ShareRate)))
 		lines = append(lines, line)
 		if next != phase && next < len(o.counts) {
 			fmt.Printf("        count file: %d -> %d\n", o.counts[phase], o.counts[next])
 			phase = next
 		}
 	}
-	d.summary(lines)
-	return nil
+	// The summary counts again what arrived in each second, with the
+	// packets that were still on their way when its line printed (a busy
+	// machine delays the receiver by more than late).
+	if err := wait(time.Now().Add(500 * time.Millisecond)); err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	for i := range lines {
+		lines[i].admitted = d.recv.Got().Rate(lines[i].from, lines[i].from.Add(time.Second))
+	}
+	return d.verdict(d.summary(lines))
 }
 
-// summary prints, per phase, the mean admitted rate against the share,
-// leaving out each phase's first second (the change applies within it).
-func (d *demo) summary(lines []second) {
-	if len(lines) == 0 {
-		return
+// phaseResult is one count's seconds once its share applied.
+type phaseResult struct {
+	count             int
+	share             uint64 // the last share status reported
+	admitted, offered float64
+	from, to          int // the seconds measured, as printed; none if from > to
+}
+
+func (r phaseResult) seconds() string {
+	switch {
+	case r.from > r.to:
+		return "no second"
+	case r.from == r.to:
+		return fmt.Sprintf("second %d", r.from)
 	}
-	fmt.Printf("\nSummary (each count's seconds after its first):\n")
+	return fmt.Sprintf("seconds %d-%d", r.from, r.to)
+}
+
+// summary prints, per phase, the mean admitted rate against the share over
+// the seconds after the first line whose status shows the phase's share:
+// each phase but its first second, or more where the change applied late
+// (the agent polls the count file; a busy machine delays it).
+func (d *demo) summary(lines []second) []phaseResult {
+	if len(lines) == 0 {
+		return nil
+	}
+	var out []phaseResult
+	fmt.Printf("\nSummary (each count's seconds after the first line that shows its share):\n")
 	fmt.Printf("  %5s  %10s  %15s  %7s\n", "count", "share/s", "mean admitted/s", "error")
 	for i := 0; i < len(lines); {
 		j := i + 1
 		for j < len(lines) && lines[j].count == lines[i].count {
 			j++
 		}
-		var sum float64
-		n := 0
-		for _, l := range lines[i+1 : j] {
-			sum += l.admitted
-			n++
+		m := i
+		for m < j-1 && lines[m].share != d.opts.rate/uint64(lines[i].count) {
+			m++
 		}
-		if n > 0 {
-			share := lines[j-1].share
-			mean := sum / float64(n)
-			fmt.Printf("  %5d  %10d  %15.0f  %+6.2f%%   (%d s)\n", lines[i].count, share, mean, pctDiff(mean, float64(share)), n)
+		r := phaseResult{count: lines[i].count, share: lines[j-1].share, from: m + 2, to: j}
+		if n := j - m - 1; n > 0 {
+			for _, l := range lines[m+1 : j] {
+				r.admitted += l.admitted / float64(n)
+				r.offered += l.offered / float64(n)
+			}
+			fmt.Printf("  %5d  %10d  %15.0f  %+6.2f%%   (%d s)\n", r.count, r.share, r.admitted, pctDiff(r.admitted, float64(r.share)), n)
+		} else {
+			fmt.Printf("  %5d  %10d  %15s  %7s   (the share applied in its last second)\n", r.count, r.share, "-", "-")
 		}
+		out = append(out, r)
 		i = j
 	}
+	return out
+}
+
+// verdict checks each phase against its share, global / count: status must
+// report that share, and the mean admitted rate must be within the
+// tolerance of it. It prints the verdict and returns an error naming every
+// count that is off.
+func (d *demo) verdict(phases []phaseResult) error {
+	o := d.opts
+	var off []string
+	worst := 0.0
+	for _, r := range phases {
+		want := float64(o.rate) / float64(r.count)
+		e := pctDiff(r.admitted, want)
+		worst = max(worst, math.Abs(e))
+		switch {
+		case r.from > r.to:
+			off = append(off, fmt.Sprintf("count %d: status showed its share %.0f only in the phase's last second, or never: nothing measured",
+				r.count, want))
+		case r.share != o.rate/uint64(r.count):
+			off = append(off, fmt.Sprintf("count %d (%s): status reports a share of %d pkt/s, want %d / %d = %.0f",
+				r.count, r.seconds(), r.share, o.rate, r.count, want))
+		case math.Abs(e) > o.tolerance:
+			msg := fmt.Sprintf("count %d (%s): admitted %.0f pkt/s, %+.2f%% off its share %.0f (tolerance %g%%)",
+				r.count, r.seconds(), r.admitted, e, want, o.tolerance)
+			if r.offered < 1.3*want {
+				msg += fmt.Sprintf("; the client offered only %.0f pkt/s: the machine was too busy to send", r.offered)
+			}
+			off = append(off, msg)
+		}
+	}
+	// Repeated counts in a row are one phase in the summary.
+	if want := len(slices.Compact(slices.Clone(o.counts))); len(phases) != want {
+		off = append(off, fmt.Sprintf("%d of the %d phases measured", len(phases), want))
+	}
+	if len(off) > 0 {
+		return fmt.Errorf("the admitted rate is off the share:\n  %s", strings.Join(off, "\n  "))
+	}
+	fmt.Printf("\nEvery count's admitted rate is within %g%% of its share (the largest error: %.2f%%).\n", o.tolerance, worst)
+	return nil
 }
 
 func pctDiff(got, want float64) float64 {
@@ -334,7 +425,10 @@ func (d *demo) startAgent(ctx context.Context) error {
 		cmd.Wait()
 		close(d.exited)
 	}()
-	deadline := time.Now().Add(10 * time.Second)
+	// A first verifier run can stall for seconds on a busy or freshly
+	// booted machine (agenttest.AttachTimeout).
+	const attachTimeout = 30 * time.Second
+	deadline := time.Now().Add(attachTimeout)
 	for {
 		b, _ := os.ReadFile(d.agentLog)
 		for _, l := range strings.Split(string(b), "\n") {
@@ -351,7 +445,7 @@ func (d *demo) startAgent(ctx context.Context) error {
 		case <-time.After(20 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("rlagent run did not attach within 10 s: %s", tail(d.agentLog, 20))
+			return fmt.Errorf("rlagent run did not attach within %v: %s", attachTimeout, tail(d.agentLog, 20))
 		}
 	}
 }
