@@ -235,7 +235,9 @@ VMTEST_BIN := bin/vmtest
 # tcx, netlink XDP, no bpf_link updates of TC), runs bpf/, maps/ and test/e2e
 # but the tests of VMTEST_E2E_SKIP, which check the agent's own logic (config
 # reloads, the CLI, the pin lock and directory, the plan's uplink fallback,
-# each with unit tests of its own) and no kernel's. The newer one runs what the
+# interfaces: auto's choice of uplinks, each with unit tests of its own) and
+# no kernel's, and the README's bpftool dump (the VMs have no bpftool). The
+# newer one runs what the
 # host cannot (fq pacing: the host has no sch_fq) and what the kernel shapes
 # (TC egress, GSO and GRO skbs, link updates); each of those loads and
 # verifies the whole data path there. ~23 + ~7 min under TCG.
@@ -244,7 +246,7 @@ VMTEST_BIN := bin/vmtest
 #: VMTEST_E2E_SKIP=... end-to-end tests VMTEST_ALL's kernels leave to the host (VMTEST_E2E_SKIP=^$ runs them)
 VMTEST_ALL ?= 6.1
 VMTEST_E2E_RUN ?= Pace|EgressLimitAtUplink|TCPSegmentsCounted|RestartMigratesLayout
-VMTEST_E2E_SKIP ?= TestShareFollowsCount|TestReloadWithMissingInterfaceRejectedWhole|TestLimitsSetPickedUpByAgent|TestInvalidConfigKeepsLimits|TestSecondAgentOnPinDirRefused|TestXDPFallbackReloadToNoneRejected|TestLimitsCommands|TestPinDirNotOwnedByRootRefused|TestPinDirNotOnBPFFSRefused|TestEndpointFallsBackToUplink
+VMTEST_E2E_SKIP ?= TestShareFollowsCount|TestReloadWithMissingInterfaceRejectedWhole|TestLimitsSetPickedUpByAgent|TestInvalidConfigKeepsLimits|TestSecondAgentOnPinDirRefused|TestXDPFallbackReloadToNoneRejected|TestLimitsCommands|TestPinDirNotOwnedByRootRefused|TestPinDirNotOnBPFFSRefused|TestEndpointFallsBackToUplink|TestInterfacesAuto|TestBpftoolMapDump
 
 .PHONY: vmtest deps-vm
 deps-vm: ## install xz-utils (to read the 6.12 kernel's compressed modules) with apt-get if missing (root only)

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"reflect"
 	"slices"
@@ -56,6 +57,9 @@ type Options struct {
 	// agent (a bpffs of its own in a private mount namespace): enforcement
 	// then stops when the agent does. See preparePinDir.
 	EphemeralPins bool
+	// HostIPs are the node's own addresses (in a pod: status.hostIPs):
+	// with interfaces: auto, the interfaces that hold them are uplinks.
+	HostIPs []netip.Addr
 }
 
 // Agent is a running node agent.
@@ -63,11 +67,14 @@ type Agent struct {
 	opts Options
 	log  *slog.Logger
 
-	mu      sync.Mutex // guards everything below
-	cfg     *v1alpha1.Config
-	dp      *maps.Datapath
-	att     *attach.Attacher // finds endpoints and addresses; keeps no handles
-	hooks   hookSet          // attaches (the first att: the pins are its state)
+	mu    sync.Mutex // guards everything below
+	cfg   *v1alpha1.Config
+	dp    *maps.Datapath
+	att   *attach.Attacher // finds endpoints and addresses; keeps no handles
+	hooks hookSet          // attaches (the first att: the pins are its state)
+	// uplinks are the interfaces the uplink programs run on: the config's,
+	// or what interfaces: auto found (refreshUplinks).
+	uplinks []string
 	source  watcher.Source
 	stopSrc context.CancelFunc
 	k8s     *watcher.Kubernetes
@@ -445,7 +452,8 @@ func (a *Agent) reload(ctx context.Context) error {
 	}
 	// The new interfaces' hooks, attached with the limits now in force.
 	a.cfg = cfg
-	oldAtt := a.att
+	oldAtt, oldUplinks := a.att, a.uplinks
+	a.refreshUplinks()
 	if cfg.EndpointHook != old.EndpointHook {
 		// The Attacher keeps no handles: a new one looks for the pods'
 		// sides or not, as the new endpointHook needs.
@@ -460,7 +468,7 @@ func (a *Agent) reload(ctx context.Context) error {
 	var added, recheck []placement
 	for _, p := range a.placements(a.appliedLimits(), nil) {
 		switch {
-		case !slices.Contains(old.Interfaces, p.point.Iface):
+		case !slices.Contains(oldUplinks, p.point.Iface):
 			added = append(added, p)
 		case cfg.XDPFallback != old.XDPFallback && p.point.Kind == attach.XDP:
 			recheck = append(recheck, p)
@@ -476,7 +484,7 @@ func (a *Agent) reload(ctx context.Context) error {
 		}
 	}
 	reject := func(err error) error {
-		a.cfg, a.att = old, oldAtt
+		a.cfg, a.att, a.uplinks = old, oldAtt, oldUplinks
 		undoAttach()
 		a.syncLinks(a.placements(a.appliedLimits(), a.ap.points()), true)
 		return err

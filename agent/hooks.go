@@ -24,6 +24,10 @@ type hookSet interface {
 	Alive(p attach.Point) (attach.Attached, error)
 	// Pinned lists the hooks attached and not detached.
 	Pinned() ([]attach.Point, error)
+	// SetNativeXDPOnly makes an XDP attach the driver cannot run natively
+	// fail with attach.ErrNoNativeXDP (xdpFallback tc: TC ingress runs
+	// it instead) rather than fall back to generic XDP.
+	SetNativeXDPOnly(bool)
 }
 
 // hookSync makes placements so: the data path's programs at the hooks that
@@ -31,8 +35,9 @@ type hookSet interface {
 type hookSync struct {
 	hooks   hookSet
 	program func(placement) *ebpf.Program
-	// fallbackTC: where another program holds an uplink's XDP hook, its
-	// ingress limits run at its TC ingress hook (xdpFallback tc).
+	// fallbackTC: where another program holds an uplink's XDP hook, or its
+	// driver has no native XDP, its ingress limits run at its TC ingress
+	// hook (xdpFallback tc).
 	fallbackTC bool
 	// qdisc checks a paced placement's qdisc (see Agent.syncQdisc).
 	qdisc   func(placement) (qdisc, ineffective string)
@@ -99,11 +104,22 @@ func (h *hookSync) prune(keep map[string]bool) {
 // interface's TC ingress instead: used is where it went.
 func (h *hookSync) place(p placement) (st InterfaceStatus, used placement, err error) {
 	used = p
+	h.hooks.SetNativeXDPOnly(h.fallbackTC)
 	res, err := h.hooks.Attach(p.point, h.program(p))
 	var busy *attach.XDPBusyError
-	if errors.As(err, &busy) && h.fallbackTC {
+	fallback := ""
+	switch {
+	case !h.fallbackTC:
+	case errors.As(err, &busy):
+		fallback = "xdpFallback"
 		h.logOnce("xdp-busy "+p.point.Iface, "another program holds the XDP hook: enforcing the uplink's ingress limits from its TC ingress hook (xdpFallback tc)",
 			"interface", p.point.Iface, "holder", busy.Name, "holder_id", busy.Program)
+	case errors.Is(err, attach.ErrNoNativeXDP):
+		fallback = "xdpFallback: no native XDP"
+		h.logOnce("xdp-native "+p.point.Iface, "the interface's driver has no native XDP: enforcing the uplink's ingress limits from its TC ingress hook (xdpFallback tc)",
+			"interface", p.point.Iface, "error", err)
+	}
+	if fallback != "" {
 		used = placement{point: attach.Point{Iface: p.point.Iface, Kind: attach.TCIngress}, hook: p.hook, uplink: p.uplink}
 		res, err = h.hooks.Attach(used.point, h.program(used))
 	}
@@ -113,7 +129,7 @@ func (h *hookSync) place(p placement) (st InterfaceStatus, used placement, err e
 	case err == nil:
 		st.State, st.Mode = StateAttached, string(res.Mode)
 		if used != p {
-			st.Mode += ", xdpFallback"
+			st.Mode += ", " + fallback
 		}
 		if p.paced {
 			st.Qdisc, st.PaceIneffective = h.qdisc(p)

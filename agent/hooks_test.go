@@ -26,13 +26,20 @@ type memHooks struct {
 	ifaces map[string][]string
 	// busy are the interfaces whose XDP hook another program holds (a
 	// case the contract does not cover: attach's own tests do).
-	busy     map[string]bool
-	attached map[attach.Point]attach.Attached
+	busy map[string]bool
+	// generic are the interfaces whose driver has no native XDP (a VLAN,
+	// a bridge): generic XDP, or attach.ErrNoNativeXDP when nativeOnly.
+	generic    map[string]bool
+	nativeOnly bool
+	attached   map[attach.Point]attach.Attached
 }
 
 func newMemHooks(ifaces ...string) *memHooks {
-	return &memHooks{ifaces: map[string][]string{"": ifaces}, busy: map[string]bool{}, attached: map[attach.Point]attach.Attached{}}
+	return &memHooks{ifaces: map[string][]string{"": ifaces}, busy: map[string]bool{}, generic: map[string]bool{},
+		attached: map[attach.Point]attach.Attached{}}
 }
+
+func (h *memHooks) SetNativeXDPOnly(v bool) { h.nativeOnly = v }
 
 func (h *memHooks) Attach(p attach.Point, prog *ebpf.Program) (attach.Attached, error) {
 	if !slices.Contains(h.ifaces[p.Netns], p.Iface) {
@@ -51,7 +58,13 @@ func (h *memHooks) Attach(p attach.Point, prog *ebpf.Program) (attach.Attached, 
 	}
 	res := attach.Attached{Point: p, Mode: attach.ModeTCX, Program: id, Change: attach.Created}
 	if p.Kind == attach.XDP {
-		res.Mode = attach.ModeGeneric
+		res.Mode = attach.ModeNative
+		if h.generic[p.Iface] {
+			if h.nativeOnly {
+				return attach.Attached{}, fmt.Errorf("attach %s: %w: operation not supported", p, attach.ErrNoNativeXDP)
+			}
+			res.Mode = attach.ModeGeneric
+		}
 	}
 	if cur, ok := h.attached[p]; ok {
 		res.Change = attach.Replaced
@@ -250,5 +263,24 @@ func TestHookSync(t *testing.T) {
 	paced := placement{point: attach.Point{Iface: "eth0", Kind: attach.TCEgress}, hook: maps.UplinkOut, uplink: true, paced: true}
 	if st := hs.attach([]placement{paced}).states[0]; st.Qdisc != "fq" {
 		t.Errorf("paced placement: qdisc %q, want the check's fq", st.Qdisc)
+	}
+
+	// A driver without native XDP (a VLAN, a bridge): generic XDP, or
+	// with xdpFallback tc its TC ingress, each saying so.
+	hs, h, logs = testHookSync(false, "vlan0")
+	h.generic["vlan0"] = true
+	if st := hs.attach([]placement{uplinkXDP("vlan0")}).states[0]; st.Hook != "xdp" || st.Mode != string(attach.ModeGeneric) ||
+		st.State != StateAttached {
+		t.Errorf("no native XDP without fallback: state %+v, want XDP in generic mode", st)
+	}
+	hs.prune(nil)
+	hs.fallbackTC = true
+	res = hs.attach([]placement{uplinkXDP("vlan0")})
+	if st := res.states[0]; res.first != nil || st.Hook != "tc-ingress" || st.State != StateAttached ||
+		st.Mode != "tcx, xdpFallback: no native XDP" || !res.keep["tc-ingress vlan0"] {
+		t.Errorf("no native XDP with fallback: first %v, state %+v, keep %v", res.first, st, res.keep)
+	}
+	if n := logs.count("no native XDP"); n != 1 {
+		t.Errorf("%d no-native log lines, want 1:\n%s", n, logs.buf.String())
 	}
 }

@@ -140,7 +140,7 @@ func (a *Agent) placements(limits []maps.Limit, endpoints []placement) []placeme
 	})
 	paced, fq := pacing(limits)
 	var out []placement
-	for _, iface := range a.cfg.Interfaces {
+	for _, iface := range a.uplinks {
 		out = append(out, placement{point: attach.Point{Iface: iface, Kind: attach.XDP}, hook: maps.UplinkIn, uplink: true})
 		if uplinkOut {
 			out = append(out, placement{point: attach.Point{Iface: iface, Kind: attach.TCEgress}, hook: maps.UplinkOut,
@@ -295,7 +295,7 @@ func (a *Agent) syncLocal() {
 		a.logOnce("endpoint sources write", "write the local endpoints' addresses for their egress limits", "error", err)
 	}
 	macs := make(map[uint32]net.HardwareAddr)
-	for _, iface := range a.cfg.Interfaces {
+	for _, iface := range a.uplinks {
 		idx, mac, err := a.att.InterfaceMAC(iface)
 		if err != nil || len(mac) != 6 {
 			continue // a missing interface: its state says so
@@ -385,7 +385,7 @@ func (a *Agent) paceIneffective() string {
 // paced limit is left, or manageQdisc was turned off): the kernel puts its
 // defaults back. Callers hold a.mu.
 func (a *Agent) removeFQ() {
-	for _, iface := range a.cfg.Interfaces {
+	for _, iface := range a.uplinks {
 		removed, err := attach.RemoveFQ(iface)
 		switch {
 		case err != nil:
@@ -463,10 +463,10 @@ func (a *Agent) interfaces() []InterfaceStatus {
 		out = append(out, st)
 	}
 	order := func(s InterfaceStatus) int {
-		if i := slices.Index(a.cfg.Interfaces, s.Name); i >= 0 && s.uplink {
+		if i := slices.Index(a.uplinks, s.Name); i >= 0 && s.uplink {
 			return i
 		}
-		return len(a.cfg.Interfaces)
+		return len(a.uplinks)
 	}
 	slices.SortFunc(out, func(x, y InterfaceStatus) int {
 		if d := order(x) - order(y); d != 0 {
@@ -476,7 +476,7 @@ func (a *Agent) interfaces() []InterfaceStatus {
 	})
 	// A configured interface never attached yet (the first sync is under
 	// way) is missing until it is.
-	for _, iface := range a.cfg.Interfaces {
+	for _, iface := range a.uplinks {
 		if !slices.ContainsFunc(out, func(s InterfaceStatus) bool { return s.Name == iface && s.uplink }) {
 			out = append(out, InterfaceStatus{Name: iface, Hook: attach.XDP.String(), State: StateMissing,
 				Error: "not attached yet", uplink: true})

@@ -19,6 +19,7 @@ import (
 // A limit that does not fit is not an error of the reconcile: the error
 // reports failures to write the maps, which no config can fix.
 func (a *Agent) reconcile() error {
+	a.refreshUplinks()
 	if a.k8s != nil && !a.k8s.Synced() {
 		// Until the caches hold the cluster's limits, what the pins hold
 		// stands: an empty cache must not delete every limit.

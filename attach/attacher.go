@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -53,7 +54,16 @@ type Attacher struct {
 	mu sync.Mutex
 	// noTCX logs once that the kernel has no tcx.
 	noTCX sync.Once
+	// nativeOnly: an XDP attach that cannot run natively fails with
+	// ErrNoNativeXDP instead of falling back to generic mode.
+	nativeOnly atomic.Bool
 }
+
+// SetNativeXDPOnly says whether an XDP attach the driver cannot run
+// natively fails with ErrNoNativeXDP (true: the caller puts the program
+// elsewhere, at TC ingress) or falls back to generic XDP (false, the
+// default). An attachment that exists is kept as it is.
+func (a *Attacher) SetNativeXDPOnly(v bool) { a.nativeOnly.Store(v) }
 
 // New returns an Attacher. It touches nothing: a reader (rlagent status)
 // may create one to call Alive.

@@ -135,6 +135,10 @@ var (
 	// error says why (nothing pinned, interface deleted, filter removed,
 	// namespace gone).
 	ErrNotAttached = errors.New("not attached")
+	// ErrNoNativeXDP: the interface's driver runs no XDP program natively
+	// (a VLAN, a bridge, a bond of drivers without it), and the Attacher
+	// was told not to fall back to generic XDP (SetNativeXDPOnly).
+	ErrNoNativeXDP = errors.New("no native XDP on this interface")
 )
 
 // XDPBusyError is returned when another program holds the XDP hook. XDP

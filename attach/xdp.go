@@ -48,6 +48,9 @@ func (a *Attacher) attachXDP(n *nsRef, dir string, p Point, nl netlink.Link, pro
 		if errors.Is(native, unix.EBUSY) || errors.Is(native, unix.EEXIST) {
 			return native // taken meanwhile: generic would not help
 		}
+		if a.nativeOnly.Load() {
+			return fmt.Errorf("%w: %v", ErrNoNativeXDP, native)
+		}
 		mode = ModeGeneric
 		var generic error
 		l, generic = link.AttachXDP(link.XDPOptions{Program: prog, Interface: ifindex, Flags: link.XDPGenericMode})

@@ -208,7 +208,10 @@ func wrap(doing string, err error) error {
 	return fmt.Errorf("%s: %w", doing, err)
 }
 
-var durationType = reflect.TypeFor[metav1.Duration]()
+var (
+	durationType      = reflect.TypeFor[metav1.Duration]()
+	interfaceListType = reflect.TypeFor[InterfaceList]()
+)
 
 // requiredMappings are the fields, by the struct type that has them, whose
 // value is a mapping that must be written even when it is empty: their
@@ -243,6 +246,18 @@ func toJSON(v any, t reflect.Type, path string) (any, []error) {
 			return nil, []error{&FieldError{Field: at, Detail: fmt.Sprintf("%q is not a duration: a number and a unit, such as 100ms or 1.5s", x)}}
 		}
 		return x, nil
+	}
+	if t == interfaceListType {
+		// A list in Go, the string auto or a list in the file.
+		if x, ok := v.(string); ok {
+			if x != InterfacesAuto {
+				return nil, []error{&FieldError{Field: at, Detail: fmt.Sprintf("expected %s or a list of interface names, got the string %q", InterfacesAuto, x)}}
+			}
+			return x, nil
+		}
+		if _, ok := v.([]any); !ok {
+			return nil, []error{wrongKind(at, InterfacesAuto+" or a list of interface names", v)}
+		}
 	}
 	switch t.Kind() {
 	case reflect.Struct:

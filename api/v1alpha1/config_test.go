@@ -164,7 +164,10 @@ func TestDecodeErrors(t *testing.T) {
 		{"not a mapping", "- eth0\n", []string{"config: expected a mapping of fields"}},
 		{"bare off", "interfaces: [eth0]\nmetricsAddress: off\n",
 			[]string{"metricsAddress: YAML reads this unquoted value as a boolean", "quote it"}},
-		{"list expected", "interfaces: eth0\n", []string{`interfaces: expected a list, got the string "eth0"`}},
+		{"list expected", "interfaces: eth0\n", []string{`interfaces: expected auto or a list of interface names, got the string "eth0"`}},
+		{"auto or a list", "interfaces: {auto: true}\n", []string{`interfaces: expected auto or a list of interface names, got a mapping`}},
+		{"auto stands alone", "interfaces: [eth0, auto]\n",
+			[]string{`interfaces[1]: "auto" stands alone (interfaces: auto finds the uplinks); an interface named auto cannot be listed`}},
 		{"mapping expected", "interfaces: [eth0]\ncount: 3\n", []string{"count: expected a mapping, got 3"}},
 		{"unknown secure metrics field", "interfaces: [eth0]\nsecureMetrics: {address: \":9479\", certFile: /x}\n",
 			[]string{"secureMetrics.certFile: unknown field; valid fields: address, certDir"}},
@@ -183,7 +186,7 @@ func TestDecodeErrors(t *testing.T) {
 		{"horizon a mapping", "limits:\n- name: a\n  rate: 1\n  match: {}\n  horizon: {ms: 100}\n",
 			[]string{`limits[0].horizon: expected a duration such as "100ms"`}},
 		{"every problem at once", "interfaces: eth0\nfoo: 1\nlimits:\n- name: a\n  rate: x\n",
-			[]string{"interfaces: expected a list", "\nfoo: unknown field", "\nlimits[0].rate: expected a whole number"}},
+			[]string{"interfaces: expected auto or a list", "\nfoo: unknown field", "\nlimits[0].rate: expected a whole number"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -197,6 +200,43 @@ func TestDecodeErrors(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// interfaces: auto decodes, validates, and is written back as auto, and
+// only the single word auto means it.
+func TestInterfacesAuto(t *testing.T) {
+	for _, in := range []string{"interfaces: auto\n", "interfaces: [auto]\n"} {
+		c, err := ParseConfig([]byte(in))
+		if err != nil {
+			t.Fatalf("%q: %v", in, err)
+		}
+		if !c.Interfaces.Auto() {
+			t.Errorf("%q: %v is not auto", in, c.Interfaces)
+		}
+		raw, err := DecodeConfig([]byte(in))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := raw.Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(out) != "interfaces: auto\n" {
+			t.Errorf("%q written back as %q, want interfaces: auto", in, out)
+		}
+	}
+	for _, l := range []InterfaceList{nil, {}, {"eth0"}, {"auto", "eth0"}, {"Auto"}} {
+		if l.Auto() {
+			t.Errorf("%q is auto", l)
+		}
+	}
+	c, err := ParseConfig([]byte("interfaces: [eth0, bond0]\n"))
+	if err != nil || c.Interfaces.Auto() || !reflect.DeepEqual(c.Interfaces, InterfaceList{"eth0", "bond0"}) {
+		t.Errorf("a list: %v %v", c, err)
+	}
+	if _, err := ParseConfig([]byte("interfaces: Auto\n")); err == nil || !strings.Contains(err.Error(), `got the string "Auto"`) {
+		t.Errorf("Auto: %v, want an error naming the word", err)
 	}
 }
 
@@ -221,7 +261,7 @@ limits:
 		t.Errorf("got %+v", c)
 	}
 	// An empty file decodes; it is invalid for want of interfaces.
-	if _, err := ParseConfig(nil); err == nil || err.Error() != "interfaces: required: at least one network interface" {
+	if _, err := ParseConfig(nil); err == nil || err.Error() != "interfaces: required: auto, or at least one network interface" {
 		t.Errorf("empty file: %v", err)
 	}
 }

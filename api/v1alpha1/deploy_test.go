@@ -219,7 +219,8 @@ const agentNamespace = "rlagent-system"
 
 // TestExamples checks that every RateLimit under deploy/examples/ is one the
 // agents accept, and that together they show the fan-out: a per-source
-// limit, a per-consumer limit and a sampler.
+// limit, a per-consumer limit (each downstream consumer its own bucket, as
+// the packets leave) and a sampler (the stream into a sampler Service).
 func TestExamples(t *testing.T) {
 	d := readDeployment(t)
 	var perSource, perConsumer, sampler bool
@@ -244,12 +245,12 @@ func TestExamples(t *testing.T) {
 			t.Errorf("RateLimit %q is invalid:\n%v", rl.Name, err)
 		}
 		switch {
-		case spec.Action == ActionShadow:
-			sampler = true
 		case spec.Key == KeySrcIP || spec.Key == KeySrcPrefix:
 			perSource = true
-		case spec.Key == KeyNone && spec.Scope == ScopeService:
+		case spec.Key == KeyDstIP && spec.Match.Direction == DirectionEgress:
 			perConsumer = true
+		case spec.Key == KeyNone && spec.Action == ActionDrop && strings.HasSuffix(spec.Match.Service, "sampler"):
+			sampler = true
 		}
 	}
 	if !perSource || !perConsumer || !sampler {

@@ -1,12 +1,24 @@
 package v1alpha1
 
-import metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+import (
+	"encoding/json"
+	"fmt"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
 
 // Config is the agent's config file (rlagent run --config FILE).
 type Config struct {
-	// Interfaces are the network interfaces the XDP program attaches to.
-	// (Required) At least one; each a Linux interface name, listed once.
-	Interfaces []string `json:"interfaces"`
+	// Interfaces are the node's uplinks, where the XDP program attaches:
+	// auto, or a list of Linux interface names.
+	// auto: the interfaces that carry the node's default routes (IPv4 and
+	// IPv6, the main table) and its own addresses (the pod's status.hostIPs,
+	// $HOST_IPS), followed as routes and links change. An interface
+	// without native XDP (a bond of drivers without it, a VLAN, a bridge)
+	// gets generic XDP, or TC ingress with xdpFallback tc.
+	// (Required) auto, or at least one name, each 1..15 characters and
+	// listed once.
+	Interfaces InterfaceList `json:"interfaces"`
 
 	// PinDir is the directory on a BPF filesystem where maps and links are
 	// pinned, so that enforcement survives a restart of the agent.
@@ -673,3 +685,40 @@ var (
 	Directions  = []Direction{DirectionIngress, DirectionEgress}
 	Protocols   = []Protocol{ProtocolAny, ProtocolTCP, ProtocolUDP, ProtocolICMP}
 )
+
+// InterfacesAuto is the config's interfaces: auto.
+const InterfacesAuto = "auto"
+
+// InterfaceList is the config's interfaces: names, or auto. auto is kept as
+// the one-element list [auto] and written as the string auto, so that an
+// edited config file keeps it as its author wrote it.
+type InterfaceList []string
+
+// Auto reports whether the uplinks are found by the agent (interfaces: auto).
+func (l InterfaceList) Auto() bool { return len(l) == 1 && l[0] == InterfacesAuto }
+
+// MarshalJSON writes auto as the string auto, and a list as a list.
+func (l InterfaceList) MarshalJSON() ([]byte, error) {
+	if l.Auto() {
+		return json.Marshal(InterfacesAuto)
+	}
+	return json.Marshal([]string(l))
+}
+
+// UnmarshalJSON reads the string auto or a list of names.
+func (l *InterfaceList) UnmarshalJSON(data []byte) error {
+	var s string
+	if err := json.Unmarshal(data, &s); err == nil {
+		if s != InterfacesAuto {
+			return fmt.Errorf("interfaces: %q is not %q or a list of interface names", s, InterfacesAuto)
+		}
+		*l = InterfaceList{InterfacesAuto}
+		return nil
+	}
+	var names []string
+	if err := json.Unmarshal(data, &names); err != nil {
+		return err
+	}
+	*l = names
+	return nil
+}

@@ -29,11 +29,15 @@ func (e *FieldError) Error() string { return e.Field + ": " + e.Detail }
 func (c *Config) Validate() error {
 	var el errorList
 	if len(c.Interfaces) == 0 {
-		el.add("interfaces", "required: at least one network interface")
+		el.add("interfaces", "required: %s, or at least one network interface", InterfacesAuto)
 	}
 	ifaces := make(map[string]int)
 	for i, name := range c.Interfaces {
 		p := index("interfaces", i)
+		if name == InterfacesAuto && !c.Interfaces.Auto() {
+			el.add(p, "%q stands alone (interfaces: %s finds the uplinks); an interface named %s cannot be listed", name, InterfacesAuto, InterfacesAuto)
+			continue
+		}
 		if err := validInterfaceName(name); err != nil {
 			el.add(p, "%v", err)
 			continue

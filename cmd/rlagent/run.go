@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"os/signal"
 	"strings"
@@ -20,13 +21,15 @@ func newRunCmd() *cobra.Command {
 		logFormat string
 		pinDir    string
 		ephemeral bool
+		hostIPs   string
 		cluster   clusterFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "run",
 		Short: "Run the node agent: attach the data path and keep the shares current",
-		Long: `run loads the data path, attaches it to the configured interfaces in XDP (native mode,
-falling back to generic; TC ingress with xdpFallback tc), to their TC egress for egress
+		Long: `run loads the data path, attaches it to the configured interfaces (or, with interfaces:
+auto, those of the node's default routes and of --host-ips, followed as routes change) in
+XDP (native mode, falling back to generic; TC ingress with xdpFallback tc), to their TC egress for egress
 limits and to each local endpoint's interface (TC) for limits with attach endpoints, pins
 its maps and links under the pin directory, and keeps each limit's node share current as
 the replica count and the config file change.
@@ -60,10 +63,14 @@ A stale count is reported there as a note but keeps the agent ready.`,
   # a demo in a network namespace, accepting that the limits end with the agent
   ip netns exec demo rlagent run --config rlagent.yaml --ephemeral-pins
   # in a cluster (deploy/daemonset.yaml sets these from the downward API)
-  NODE_NAME=node-1 POD_NAMESPACE=rlagent-system rlagent run --config /etc/rlagent/rlagent.yaml`,
+  NODE_NAME=node-1 POD_NAMESPACE=rlagent-system HOST_IPS=10.0.0.5 rlagent run --config /etc/rlagent/rlagent.yaml`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log, err := newLogger(logLevel, logFormat)
+			if err != nil {
+				return err
+			}
+			ips, err := parseHostIPs(hostIPs)
 			if err != nil {
 				return err
 			}
@@ -82,7 +89,7 @@ A stale count is reported there as a note but keeps the agent ready.`,
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
 			return agent.Run(ctx, agent.Options{ConfigPath: config, Log: log, Kubernetes: k8s, APIServer: api, KubeConfig: kube, Identity: cluster.pod,
-				PinDir: pinDir, EphemeralPins: ephemeral, Ready: func(addr string) {
+				PinDir: pinDir, EphemeralPins: ephemeral, HostIPs: ips, Ready: func(addr string) {
 					log.Info("ready", "metrics", addr)
 				}})
 		},
@@ -93,8 +100,24 @@ A stale count is reported there as a note but keeps the agent ready.`,
 	cmd.Flags().StringVar(&pinDir, "pin-dir", "", "pin directory, on a bpffs (default: the config's pinDir)")
 	cmd.Flags().BoolVar(&ephemeral, "ephemeral-pins", false,
 		"accept a pin directory that does not outlive the agent (a bpffs of its own in a private mount namespace): enforcement then stops when the agent does")
+	cmd.Flags().StringVar(&hostIPs, "host-ips", os.Getenv("HOST_IPS"),
+		"the node's own addresses, comma-separated (default $HOST_IPS; in a pod, the downward API's status.hostIPs): with interfaces: auto, the interfaces that hold them are uplinks")
 	cluster.register(cmd)
 	return cmd
+}
+
+// parseHostIPs reads --host-ips: addresses separated by commas (the
+// downward API's status.hostIPs) or spaces; "" is none.
+func parseHostIPs(s string) ([]netip.Addr, error) {
+	var out []netip.Addr
+	for _, f := range strings.FieldsFunc(s, func(r rune) bool { return r == ',' || r == ' ' }) {
+		ip, err := netip.ParseAddr(f)
+		if err != nil {
+			return nil, fmt.Errorf("--host-ips: %q is not an IP address (want addresses separated by commas, e.g. 10.0.0.5,fd00::5)", f)
+		}
+		out = append(out, ip.Unmap())
+	}
+	return out, nil
 }
 
 func newLogger(level, format string) (*slog.Logger, error) {
