@@ -184,15 +184,21 @@ bench: ## run the data path and agent benchmarks (one package at a time) into be
 	$(GO) test -p 1 -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -count $(BENCHCOUNT) ./bpf/ ./agent/ ./test/e2e/ ./limiter/ | tee bench.out
 	$(GO) run ./internal/benchtable < bench.out
 
-demo: ## as root: rate-limit real UDP between two network namespaces while the replica count changes (~45 s)
+#: DEMO_STEP=10s      how long each replica count lasts in `make demo` (make test runs the demo at 3s: test/demo TestDemo)
+DEMO_STEP ?= 10s
+
+demo: ## as root: rate-limit real UDP between two network namespaces while the replica count changes (4 x DEMO_STEP, ~45 s)
 	$(GO) build -ldflags '-X main.version=$(VERSION)' -o bin/rlagent ./cmd/rlagent
 	$(GO) build -o bin/rlagent-demo ./test/demo
-	./bin/rlagent-demo --rlagent bin/rlagent
+	./bin/rlagent-demo --rlagent bin/rlagent -phase $(DEMO_STEP)
 
 # The agent's container image, built without a container daemon by
-# hack/tools/image (go-containerregistry): one layer on an empty base, the
-# static binary as its entrypoint. File and creation times are the commit's,
-# so that one commit builds one digest.
+# hack/tools/image (go-containerregistry): an OCI image index of a linux/amd64
+# and a linux/arm64 image, each one layer on an empty base, the static binary
+# as its entrypoint (the BPF objects are embedded, little-endian, in both).
+# File and creation times are the commit's, so that one commit builds one
+# digest. rlagent.tar is this machine's image alone: docker's tarball holds
+# no index.
 #: IMAGE_REPO=ghcr.io/rlagent/rlagent  the image's repository (make image; deploy/kustomization.yaml names this one)
 #: PUSH_TO=REGISTRY/REPO:TAG  where `make push` pushes bin/image (credentials from ~/.docker/config.json)
 #: IMAGE_DIR=bin/image  where `make image` writes the image
