@@ -3,8 +3,10 @@ package node
 import (
 	"archive/tar"
 	"bufio"
+	"bytes"
 	"compress/gzip"
 	"crypto/sha256"
+	"debug/elf"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -14,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -26,12 +29,15 @@ import (
 )
 
 // TestImageReproducible: `make image` on two clones of the same commit, in
-// different directories, writes the same digest; the image is the static
-// binary as its entrypoint, labelled with the version and commit, and that
+// different directories, writes the same index digest; the index (oci/) has
+// exactly a linux/amd64 and a linux/arm64 image, each the static binary of
+// its machine (a little-endian ELF of EM_X86_64 resp. EM_AARCH64 with no
+// interpreter and no DT_NEEDED) as its entrypoint, labelled with the version
+// and commit; rlagent.tar is this machine's image of the index, and its
 // binary runs and says its version. (The clones share the Go build cache:
-// the binary is linked in each, and -trimpath keeps the directories out of
-// it; with RLAGENT_IMAGE_COLD=1 the second one builds with an empty cache,
-// as on a fresh machine, which takes minutes.)
+// the binaries are linked in each, and -trimpath keeps the directories out
+// of them; with RLAGENT_IMAGE_COLD=1 the second one builds with an empty
+// cache, as on a fresh machine, which takes minutes.)
 func TestImageReproducible(t *testing.T) {
 	repo := repoRoot(t)
 	head := strings.TrimSpace(run(t, repo, nil, "git", "rev-parse", "HEAD"))
@@ -51,7 +57,10 @@ func TestImageReproducible(t *testing.T) {
 		}
 		refs = append(refs, strings.TrimSpace(string(ref)))
 		if i == 0 {
-			checkImage(t, filepath.Join(dir, "bin/image/rlagent.tar"), head)
+			configs := checkIndex(t, filepath.Join(dir, "bin/image/oci"), refs[0], head)
+			if got, want := checkImage(t, filepath.Join(dir, "bin/image/rlagent.tar"), head), configs[runtime.GOARCH]; got != want {
+				t.Errorf("rlagent.tar holds the image of config %s, want the index's linux/%s image (config %s)", got, runtime.GOARCH, want)
+			}
 		}
 	}
 	t.Logf("two builds of %s: %s, %s", head[:12], refs[0], refs[1])
@@ -66,10 +75,10 @@ func TestImageReproducible(t *testing.T) {
 // `kustomize edit set image` line that pins an overlay of one's own. The
 // overlay, rendered by kubectl kustomize (the kubectl that applies deploy/
 // in TestDaemonSetOnRealNode), sets the DaemonSet's image to REPO@ the digest
-// of the image in oci/ and ref, with no tag: before the push with
+// of the image index in oci/ and ref, with no tag: before the push with
 // IMAGE_REPO, after it with the registry's repository (go-containerregistry's
-// registry on loopback, which then serves that digest). deploy/ itself keeps
-// a tag.
+// registry on loopback, which then serves that index and both of its
+// images). deploy/ itself keeps a tag.
 func TestImageByDigest(t *testing.T) {
 	repo := repoRoot(t)
 	dir := t.TempDir()
@@ -81,7 +90,9 @@ func TestImageByDigest(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, digest, _ := strings.Cut(strings.TrimSpace(string(ref)), "@")
-	var index struct{ Manifests []struct{ Digest string } }
+	var index struct {
+		Manifests []struct{ MediaType, Digest string }
+	}
 	b, err := os.ReadFile(filepath.Join(dir, "oci", "index.json"))
 	if err != nil {
 		t.Fatal(err)
@@ -89,8 +100,8 @@ func TestImageByDigest(t *testing.T) {
 	if err := json.Unmarshal(b, &index); err != nil {
 		t.Fatal(err)
 	}
-	if len(index.Manifests) != 1 || index.Manifests[0].Digest != digest || !strings.HasPrefix(digest, "sha256:") {
-		t.Fatalf("ref %q and the OCI layout's manifests %+v: want one image, the ref's digest", ref, index.Manifests)
+	if len(index.Manifests) != 1 || index.Manifests[0].MediaType != ociIndex || index.Manifests[0].Digest != digest || !strings.HasPrefix(digest, "sha256:") {
+		t.Fatalf("ref %q and the OCI layout's manifests %+v: want one image index, the ref's digest", ref, index.Manifests)
 	}
 	t.Logf("built %s", strings.TrimSpace(string(ref)))
 
@@ -128,11 +139,35 @@ func TestImageByDigest(t *testing.T) {
 	if got := kustomize(dir); !slices.Equal(got, []string{pushed}) {
 		t.Errorf("after make push the overlay runs the images %v, want [%s]", got, pushed)
 	}
-	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, "http://"+reg+"/v2/team/rlagent/manifests/"+digest, nil)
+	var pushedIndex struct {
+		Manifests []struct{ MediaType, Digest string }
+	}
+	if err := json.Unmarshal(getManifest(t, reg, "team/rlagent", digest, ociIndex), &pushedIndex); err != nil {
+		t.Fatalf("the pushed index: %v", err)
+	}
+	if len(pushedIndex.Manifests) != 2 {
+		t.Errorf("the pushed index lists %+v, want two images", pushedIndex.Manifests)
+	}
+	for _, m := range pushedIndex.Manifests {
+		getManifest(t, reg, "team/rlagent", m.Digest, m.MediaType)
+	}
+}
+
+// The media types of an OCI image index and image manifest.
+const (
+	ociIndex    = "application/vnd.oci.image.index.v1+json"
+	ociManifest = "application/vnd.oci.image.manifest.v1+json"
+)
+
+// getManifest fetches the manifest repo@digest of the registry at host,
+// checks that its bytes are that digest and returns them.
+func getManifest(t *testing.T, host, repo, digest, mediaType string) []byte {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, "http://"+host+"/v2/"+repo+"/manifests/"+digest, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	req.Header.Set("Accept", "application/vnd.oci.image.manifest.v1+json")
+	req.Header.Set("Accept", mediaType)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -144,8 +179,9 @@ func TestImageByDigest(t *testing.T) {
 	}
 	sum := sha256.Sum256(body)
 	if resp.StatusCode != http.StatusOK || "sha256:"+hex.EncodeToString(sum[:]) != digest {
-		t.Errorf("the registry serves %s with status %d and digest sha256:%x, want 200 and %s", pushed, resp.StatusCode, sum, digest)
+		t.Errorf("the registry serves %s/%s@%s with status %d and digest sha256:%x, want 200 and that digest", host, repo, digest, resp.StatusCode, sum)
 	}
+	return body
 }
 
 // daemonSetImages returns the images of the DaemonSets' containers in a
@@ -218,9 +254,128 @@ func startRegistry(t *testing.T, repo string) string {
 	}
 }
 
+// checkIndex reads the OCI layout of make image and checks that it names
+// one image index, ref's digest, of exactly a linux/amd64 and a linux/arm64
+// image, each the static binary of its machine labelled with commit. It
+// returns the digests of the images' configs by architecture.
+func checkIndex(t *testing.T, layoutDir, ref, commit string) map[string]string {
+	t.Helper()
+	// blob reads the blob digest and checks that its bytes are that digest.
+	blob := func(digest string) []byte {
+		t.Helper()
+		b, err := os.ReadFile(filepath.Join(layoutDir, "blobs", "sha256", strings.TrimPrefix(digest, "sha256:")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sum := sha256.Sum256(b); "sha256:"+hex.EncodeToString(sum[:]) != digest {
+			t.Fatalf("blob %s holds sha256:%x", digest, sum)
+		}
+		return b
+	}
+	type descriptor struct {
+		MediaType, Digest string
+		Platform          struct{ OS, Architecture, Variant string }
+		Annotations       map[string]string
+	}
+	var top struct{ Manifests []descriptor }
+	b, err := os.ReadFile(filepath.Join(layoutDir, "index.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &top); err != nil {
+		t.Fatalf("index.json: %v", err)
+	}
+	tag, digest, _ := strings.Cut(ref, "@")
+	if len(top.Manifests) != 1 || top.Manifests[0].MediaType != ociIndex || top.Manifests[0].Digest != digest || top.Manifests[0].Annotations["org.opencontainers.image.ref.name"] != tag {
+		t.Fatalf("index.json lists %+v, want one image index: %s named %s", top.Manifests, digest, tag)
+	}
+	var index struct {
+		MediaType string
+		Manifests []descriptor
+	}
+	if err := json.Unmarshal(blob(digest), &index); err != nil {
+		t.Fatalf("index %s: %v", digest, err)
+	}
+	var platforms []string
+	for _, m := range index.Manifests {
+		platforms = append(platforms, m.Platform.OS+"/"+m.Platform.Architecture+m.Platform.Variant)
+	}
+	if want := []string{"linux/amd64", "linux/arm64"}; index.MediaType != ociIndex || !slices.Equal(platforms, want) {
+		t.Fatalf("the index (%s) lists the platforms %v, want %v", index.MediaType, platforms, want)
+	}
+
+	machines := map[string]elf.Machine{"amd64": elf.EM_X86_64, "arm64": elf.EM_AARCH64}
+	configs := make(map[string]string)
+	for _, m := range index.Manifests {
+		arch := m.Platform.Architecture
+		var manifest struct {
+			Config struct{ Digest string }
+			Layers []struct{ MediaType, Digest string }
+		}
+		if err := json.Unmarshal(blob(m.Digest), &manifest); err != nil {
+			t.Fatalf("manifest %s: %v", m.Digest, err)
+		}
+		if m.MediaType != ociManifest || len(manifest.Layers) != 1 {
+			t.Fatalf("linux/%s: a %s of layers %+v, want an OCI image of one layer", arch, m.MediaType, manifest.Layers)
+		}
+		configs[arch] = manifest.Config.Digest
+		cfg := imageConfig(t, blob(manifest.Config.Digest), commit)
+		if cfg.OS != "linux" || cfg.Architecture != arch {
+			t.Errorf("the index's linux/%s image has the config of %s/%s", arch, cfg.OS, cfg.Architecture)
+		}
+		bin := layerBinary(t, blob(manifest.Layers[0].Digest))
+		f, err := elf.NewFile(bytes.NewReader(bin))
+		if err != nil {
+			t.Fatalf("linux/%s: the binary: %v", arch, err)
+		}
+		libs, err := f.ImportedLibraries()
+		if err != nil {
+			t.Fatalf("linux/%s: the binary's dynamic section: %v", arch, err)
+		}
+		var interp bool
+		for _, p := range f.Progs {
+			interp = interp || p.Type == elf.PT_INTERP
+		}
+		t.Logf("linux/%s: %s, %d bytes, a %s %s %s ELF, interpreter %t, needs %v", arch, m.Digest, len(bin), f.Machine, f.Class, f.Data, interp, libs)
+		if f.Machine != machines[arch] || f.Class != elf.ELFCLASS64 || f.Data != elf.ELFDATA2LSB {
+			t.Errorf("linux/%s: the binary is a %s %s %s ELF, want %s ELFCLASS64 ELFDATA2LSB", arch, f.Machine, f.Class, f.Data, machines[arch])
+		}
+		if interp || len(libs) > 0 {
+			t.Errorf("linux/%s: the binary is dynamically linked (interpreter %t, DT_NEEDED %v), want a static one: the image has no libc", arch, interp, libs)
+		}
+	}
+	return configs
+}
+
+// config is the part of an image's config that make image sets.
+type config struct {
+	Architecture, OS string
+	Config           struct {
+		Entrypoint []string
+		Labels     map[string]string
+	}
+}
+
+// imageConfig parses an image's config and checks its entrypoint and its
+// revision label.
+func imageConfig(t *testing.T, b []byte, commit string) config {
+	t.Helper()
+	var cfg config
+	if err := json.Unmarshal(b, &cfg); err != nil {
+		t.Fatalf("config: %v", err)
+	}
+	if cfg.Config.Labels["org.opencontainers.image.revision"] != commit {
+		t.Errorf("%s/%s: revision label %q, want %s", cfg.OS, cfg.Architecture, cfg.Config.Labels["org.opencontainers.image.revision"], commit)
+	}
+	if len(cfg.Config.Entrypoint) != 1 || cfg.Config.Entrypoint[0] != "/usr/local/bin/rlagent" {
+		t.Fatalf("%s/%s: entrypoint %v, want [/usr/local/bin/rlagent]", cfg.OS, cfg.Architecture, cfg.Config.Entrypoint)
+	}
+	return cfg
+}
+
 // checkImage reads an image tarball (the docker/ctr import format) and
-// checks its config and its one layer.
-func checkImage(t *testing.T, path, commit string) {
+// checks its config and its one layer. It returns the config's digest.
+func checkImage(t *testing.T, path, commit string) string {
 	t.Helper()
 	files := tarFiles(t, path)
 	var manifest []struct {
@@ -235,32 +390,36 @@ func checkImage(t *testing.T, path, commit string) {
 		t.Fatalf("manifest.json: want one image of one layer with one tag, got %+v", manifest)
 	}
 	m := manifest[0]
-	var cfg struct {
-		Architecture, OS string
-		Config           struct {
-			Entrypoint []string
-			Labels     map[string]string
-		}
-	}
-	if err := json.Unmarshal(files[m.Config], &cfg); err != nil {
-		t.Fatalf("config %s: %v", m.Config, err)
-	}
+	cfg := imageConfig(t, files[m.Config], commit)
 	version := cfg.Config.Labels["org.opencontainers.image.version"]
 	t.Logf("image %s: %s/%s, entrypoint %v, labels %v", m.RepoTags[0], cfg.OS, cfg.Architecture, cfg.Config.Entrypoint, cfg.Config.Labels)
 	if want := "ghcr.io/rlagent/rlagent:" + version; m.RepoTags[0] != want || version == "" {
 		t.Errorf("the image is tagged %s, want %s (the version label)", m.RepoTags[0], want)
 	}
-	if cfg.Config.Labels["org.opencontainers.image.revision"] != commit {
-		t.Errorf("revision label %q, want %s", cfg.Config.Labels["org.opencontainers.image.revision"], commit)
-	}
-	if len(cfg.Config.Entrypoint) != 1 || cfg.Config.Entrypoint[0] != "/usr/local/bin/rlagent" {
-		t.Fatalf("entrypoint %v, want [/usr/local/bin/rlagent]", cfg.Config.Entrypoint)
+	if cfg.OS != "linux" || cfg.Architecture != runtime.GOARCH {
+		t.Errorf("the image is for %s/%s, want linux/%s: the one that runs here", cfg.OS, cfg.Architecture, runtime.GOARCH)
 	}
 
-	// The layer: directories and the binary, nothing else, owned by root.
-	gz, err := gzip.NewReader(strings.NewReader(string(files[m.Layers[0]])))
+	bin := layerBinary(t, files[m.Layers[0]])
+	exe := filepath.Join(t.TempDir(), "rlagent")
+	if err := os.WriteFile(exe, bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out := strings.TrimSpace(run(t, "", nil, exe, "version")); out != "rlagent "+version {
+		t.Errorf("the image's binary says %q, want %q", out, "rlagent "+version)
+	}
+	sum := sha256.Sum256(files[m.Config])
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// layerBinary reads an image's layer (a gzipped tar) and returns the binary
+// in it. The layer holds the directories and the binary, nothing else, all
+// owned by root.
+func layerBinary(t *testing.T, layer []byte) []byte {
+	t.Helper()
+	gz, err := gzip.NewReader(bytes.NewReader(layer))
 	if err != nil {
-		t.Fatalf("layer %s: %v", m.Layers[0], err)
+		t.Fatalf("layer: %v", err)
 	}
 	tr := tar.NewReader(gz)
 	var bin []byte
@@ -286,13 +445,7 @@ func checkImage(t *testing.T, path, commit string) {
 	if bin == nil || len(names) != 4 {
 		t.Fatalf("the layer holds %v, want usr/, usr/local/, usr/local/bin/ and usr/local/bin/rlagent", names)
 	}
-	exe := filepath.Join(t.TempDir(), "rlagent")
-	if err := os.WriteFile(exe, bin, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if out := strings.TrimSpace(run(t, "", nil, exe, "version")); out != "rlagent "+version {
-		t.Errorf("the image's binary says %q, want %q", out, "rlagent "+version)
-	}
+	return bin
 }
 
 // tarFiles reads the regular files of a tar archive.

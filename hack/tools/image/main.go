@@ -1,19 +1,24 @@
 // Command image builds and pushes the rlagent container image without a
 // container daemon (`make image`, `make push`).
 //
-// The image is one layer on an empty base: the static rlagent binary at
-// /usr/local/bin/rlagent, its entrypoint. Everything in it is a function of
-// the binary and the flags (file times and the image's creation time are the
-// commit's time), so that the same commit builds the same digest.
+// The image is an OCI image index with one image per --binary (make image
+// gives it linux/amd64 and linux/arm64), each one layer on an empty base: the
+// static rlagent binary at /usr/local/bin/rlagent, its entrypoint. A
+// binary's platform is read from its ELF header, never from a flag, so that a
+// label cannot disagree with the bytes it names. Everything in the index is a
+// function of the binaries and the flags (file times and the images'
+// creation time are the commit's time), so that the same commit builds the
+// same digest.
 //
-// Beside the image, build writes kustomization.yaml: an overlay on deploy/
-// that names the image it just built by digest, so that what runs is what
+// Beside the index, build writes kustomization.yaml: an overlay on deploy/
+// that names the index it just built by digest, so that what runs is what
 // was built (a tag can be moved; deploy/ keeps one, since a digest committed
-// there would change the commit the binary describes). push points that
-// overlay at the registry it pushed to and prints the line that pins an
-// overlay of one's own the same way.
+// there would change the commit the binary describes). A node's runtime picks
+// its platform's image from the index. push points that overlay at the
+// registry it pushed to and prints the line that pins an overlay of one's
+// own the same way.
 //
-//	image build --binary bin/rlagent --repo ghcr.io/rlagent/rlagent --version v0.1.0 \
+//	image build --binary bin/rlagent-amd64 --binary bin/rlagent-arm64 --repo ghcr.io/rlagent/rlagent --version v0.1.0 \
 //	    --revision $(git rev-parse HEAD) --created $(git log -1 --format=%ct) --out bin/image --deploy deploy
 //	image push --from bin/image/oci --to registry.example.com/rlagent:v0.1.0 --overlay bin/image/kustomization.yaml
 package main
@@ -28,6 +33,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -71,24 +78,28 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, `usage: image build --binary FILE --repo REPO --version V [--revision SHA] [--created UNIX] [--arch ARCH] --out DIR [--deploy DIR]
+	fmt.Fprintln(os.Stderr, `usage: image build --binary FILE [--binary FILE...] --repo REPO --version V [--revision SHA] [--created UNIX] [--load ARCH] --out DIR [--deploy DIR]
        image push --from DIR/oci --to REGISTRY/REPO:TAG [--overlay DIR/kustomization.yaml]`)
 	os.Exit(2)
 }
 
 func build(args []string) error {
 	fs := flag.NewFlagSet("build", flag.ExitOnError)
-	binary := fs.String("binary", "", "the static rlagent binary")
+	var binaries []string
+	fs.Func("binary", "a static linux rlagent binary, one per platform (repeat it); the index lists them in this order", func(s string) error {
+		binaries = append(binaries, s)
+		return nil
+	})
 	repo := fs.String("repo", "ghcr.io/rlagent/rlagent", "the image's repository, as deploy/kustomization.yaml names it")
 	version := fs.String("version", "", "the version: the image's tag and its org.opencontainers.image.version")
 	revision := fs.String("revision", "", "the commit (org.opencontainers.image.revision)")
 	created := fs.String("created", "0", "the image's creation time, Unix seconds (the commit's time, for a reproducible digest)")
-	arch := fs.String("arch", "amd64", "the binary's architecture")
+	load := fs.String("load", runtime.GOARCH, "the architecture whose image DIR/rlagent.tar holds (a tarball holds one image); the default, this machine's, falls back to the first --binary's")
 	path := fs.String("path", defaultPath, "where the binary goes in the image, without the leading /: the image's entrypoint")
-	out := fs.String("out", "", "the output directory: DIR/rlagent.tar (a tarball for `ctr images import`, `docker load`), DIR/oci (an OCI image layout), DIR/ref and DIR/kustomization.yaml")
+	out := fs.String("out", "", "the output directory: DIR/rlagent.tar (the --load image, a tarball for `ctr images import`, `docker load`), DIR/oci (an OCI image layout of the index), DIR/ref and DIR/kustomization.yaml")
 	deploy := fs.String("deploy", "", "deploy/, the kustomization that DIR/kustomization.yaml overlays with the image's digest (none if empty)")
 	fs.Parse(args)
-	if *binary == "" || *version == "" || *out == "" {
+	if len(binaries) == 0 || *version == "" || *out == "" {
 		return errors.New("--binary, --version and --out are required")
 	}
 	secs, err := strconv.ParseInt(*created, 10, 64)
@@ -100,22 +111,39 @@ func build(args []string) error {
 	if err != nil {
 		return fmt.Errorf("--repo %q --version %q: not an image reference: %w", *repo, *version, err)
 	}
-	bin, err := os.ReadFile(*binary)
-	if err != nil {
-		return err
-	}
-	if err := checkStatic(bin); err != nil {
-		return fmt.Errorf("%s: %w", *binary, err)
-	}
-
-	img, err := image(bin, strings.TrimPrefix(*path, "/"), when, *arch, map[string]string{
+	labels := map[string]string{
 		"org.opencontainers.image.title":    filepath.Base(*path),
 		"org.opencontainers.image.source":   "https://github.com/rlagent/rlagent",
 		"org.opencontainers.image.version":  *version,
 		"org.opencontainers.image.revision": *revision,
-	})
-	if err != nil {
-		return err
+	}
+	var idx v1.ImageIndex = empty.Index
+	var archs []string
+	var loaded v1.Image
+	for _, binary := range binaries {
+		bin, err := os.ReadFile(binary)
+		if err != nil {
+			return err
+		}
+		arch, err := checkStatic(bin)
+		if err != nil {
+			return fmt.Errorf("%s: %w", binary, err)
+		}
+		if slices.Contains(archs, arch) {
+			return fmt.Errorf("%s: a second linux/%s binary; want one per platform", binary, arch)
+		}
+		archs = append(archs, arch)
+		img, err := image(bin, strings.TrimPrefix(*path, "/"), when, arch, labels)
+		if err != nil {
+			return err
+		}
+		idx = mutate.AppendManifests(idx, mutate.IndexAddendum{
+			Add:        img,
+			Descriptor: v1.Descriptor{Platform: &v1.Platform{OS: "linux", Architecture: arch}},
+		})
+		if arch == *load || loaded == nil {
+			loaded = img
+		}
 	}
 
 	// Written beside and renamed into place: a failed build leaves the
@@ -128,19 +156,24 @@ func build(args []string) error {
 		return err
 	}
 	defer os.RemoveAll(tmp)
-	if err := tarball.WriteToFile(filepath.Join(tmp, "rlagent.tar"), tag, img); err != nil {
+	// The tarball format (docker's) holds images, not an index: it gets
+	// the one that runs here, which `docker load` and a plain `ctr images
+	// import` take without a --platform.
+	if err := tarball.WriteToFile(filepath.Join(tmp, "rlagent.tar"), tag, loaded); err != nil {
 		return err
 	}
+	// The layout's index.json names the image index, as an OCI exporter
+	// does, so that the ref.name annotation tags the whole index.
 	p, err := layout.Write(filepath.Join(tmp, "oci"), empty.Index)
 	if err != nil {
 		return err
 	}
-	if err := p.AppendImage(img, layout.WithAnnotations(map[string]string{
+	if err := p.AppendIndex(idx, layout.WithAnnotations(map[string]string{
 		"org.opencontainers.image.ref.name": tag.Name(),
 	})); err != nil {
 		return err
 	}
-	digest, err := img.Digest()
+	digest, err := idx.Digest()
 	if err != nil {
 		return err
 	}
@@ -282,24 +315,42 @@ func image(bin []byte, binaryPath string, when time.Time, arch string, labels ma
 	})
 }
 
-// checkStatic refuses a binary that needs a dynamic loader: the image has
-// no libc.
-func checkStatic(bin []byte) error {
+// goArch is the GOARCH of each ELF machine an image is built for.
+var goArch = map[elf.Machine]string{
+	elf.EM_X86_64:  "amd64",
+	elf.EM_AARCH64: "arm64",
+}
+
+// checkStatic returns the GOARCH of a static linux binary. It refuses one
+// that needs a dynamic loader (the image has no libc) and a machine the
+// index has no platform for.
+func checkStatic(bin []byte) (string, error) {
 	f, err := elf.NewFile(bytes.NewReader(bin))
 	if err != nil {
-		return fmt.Errorf("not an ELF binary: %w", err)
+		return "", fmt.Errorf("not an ELF binary: %w", err)
 	}
 	for _, p := range f.Progs {
 		if p.Type == elf.PT_INTERP {
-			return errors.New("dynamically linked (it names an ELF interpreter): build it with CGO_ENABLED=0, the image has no libc")
+			return "", errors.New("dynamically linked (it names an ELF interpreter): build it with CGO_ENABLED=0, the image has no libc")
 		}
 	}
-	return nil
+	libs, err := f.ImportedLibraries()
+	if err != nil {
+		return "", fmt.Errorf("read its dynamic section: %w", err)
+	}
+	if len(libs) > 0 {
+		return "", fmt.Errorf("dynamically linked (it needs %v): build it with CGO_ENABLED=0, the image has no libc", libs)
+	}
+	arch, ok := goArch[f.Machine]
+	if !ok || f.Class != elf.ELFCLASS64 || f.Data != elf.ELFDATA2LSB {
+		return "", fmt.Errorf("a %s %s %s binary: want a little-endian amd64 or arm64 one", f.Machine, f.Class, f.Data)
+	}
+	return arch, nil
 }
 
 func push(args []string) error {
 	fs := flag.NewFlagSet("push", flag.ExitOnError)
-	from := fs.String("from", "", "the OCI image layout `make image` wrote (bin/image/oci)")
+	from := fs.String("from", "", "the OCI image layout `make image` wrote (bin/image/oci): one image index")
 	to := fs.String("to", "", "where to push: REGISTRY/REPO:TAG (credentials from ~/.docker/config.json, as docker login writes them)")
 	insecure := fs.Bool("insecure", false, "allow a registry over plain HTTP")
 	ov := fs.String("overlay", "", "the overlay `image build` wrote (bin/image/kustomization.yaml), to point at the pushed image (left alone if empty)")
@@ -327,14 +378,15 @@ func push(args []string) error {
 	if err != nil {
 		return err
 	}
-	if len(m.Manifests) != 1 {
-		return fmt.Errorf("--from %s: want one image in the layout, found %d", *from, len(m.Manifests))
+	if len(m.Manifests) != 1 || !m.Manifests[0].MediaType.IsIndex() {
+		return fmt.Errorf("--from %s: want one image index in the layout, found %d descriptors (run make image again)", *from, len(m.Manifests))
 	}
-	img, err := idx.Image(m.Manifests[0].Digest)
+	images, err := idx.ImageIndex(m.Manifests[0].Digest)
 	if err != nil {
 		return err
 	}
-	if err := remote.Write(ref, img, remote.WithAuthFromKeychain(authn.DefaultKeychain)); err != nil {
+	// The index with every image in it: a node pulls its platform's.
+	if err := remote.WriteIndex(ref, images, remote.WithAuthFromKeychain(authn.DefaultKeychain)); err != nil {
 		return err
 	}
 	repo, digest := ref.Context().Name(), m.Manifests[0].Digest.String()
