@@ -210,16 +210,18 @@ CREATED ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 IMAGE_TOOL := $(GO) -C hack/tools/image run .
 
 .PHONY: image push
-image: ## build the agent's OCI image into IMAGE_DIR (bin/image): rlagent.tar (ctr/docker load), oci/ (an OCI layout), ref (REPO:VERSION@DIGEST), kustomization.yaml (deploy/ with this image by digest)
+image: ## build the agent's OCI image index (linux/amd64, linux/arm64) into IMAGE_DIR (bin/image): oci/ (an OCI layout), ref (REPO:VERSION@DIGEST of the index), kustomization.yaml (deploy/ with the index by digest), rlagent.tar (this machine's image, for ctr/docker load)
 	@mkdir -p $(IMAGE_DIR)
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w -buildid= -X main.version=$(VERSION)' -o $(abspath $(IMAGE_DIR))/rlagent ./cmd/rlagent
-	$(IMAGE_TOOL) build --binary $(abspath $(IMAGE_DIR))/rlagent --repo $(IMAGE_REPO) --version $(VERSION) \
+	CGO_ENABLED=0 GOOS=linux GOARCH=amd64 $(GO) build -trimpath -ldflags '-s -w -buildid= -X main.version=$(VERSION)' -o $(abspath $(IMAGE_DIR))/rlagent-amd64 ./cmd/rlagent
+	CGO_ENABLED=0 GOOS=linux GOARCH=arm64 $(GO) build -trimpath -ldflags '-s -w -buildid= -X main.version=$(VERSION)' -o $(abspath $(IMAGE_DIR))/rlagent-arm64 ./cmd/rlagent
+	$(IMAGE_TOOL) build --binary $(abspath $(IMAGE_DIR))/rlagent-amd64 --binary $(abspath $(IMAGE_DIR))/rlagent-arm64 --repo $(IMAGE_REPO) --version $(VERSION) \
 		--revision '$(REVISION)' --created $(CREATED) --out $(abspath $(IMAGE_DIR)) --deploy $(abspath deploy)
 
-# push also points IMAGE_DIR/kustomization.yaml at PUSH_TO's repository, by
+# push pushes the whole index (both images; each node pulls its platform's),
+# points IMAGE_DIR/kustomization.yaml at PUSH_TO's repository by the index's
 # digest, and prints the `kustomize edit set image` line that pins another
 # overlay (or deploy/) to the same digest.
-push: image ## push the image of `make image` to PUSH_TO (e.g. make push PUSH_TO=registry.example.com/rlagent:v0.1.0); deploy it by digest: kubectl apply -k bin/image
+push: image ## push the image index of `make image` (linux/amd64, linux/arm64) to PUSH_TO (e.g. make push PUSH_TO=registry.example.com/rlagent:v0.1.0); deploy it by digest: kubectl apply -k bin/image
 	@if [ -z '$(PUSH_TO)' ]; then echo 'push: set PUSH_TO=REGISTRY/REPO:TAG, e.g. make push PUSH_TO=registry.example.com/rlagent:$(VERSION)' >&2; exit 1; fi
 	$(IMAGE_TOOL) push --from $(abspath $(IMAGE_DIR))/oci --to '$(PUSH_TO)' --overlay $(abspath $(IMAGE_DIR))/kustomization.yaml
 
