@@ -36,11 +36,13 @@ const (
 // capEff is CAP_NET_ADMIN (12), CAP_PERFMON (38) and CAP_BPF (39).
 const capEff = 1<<12 | 1<<38 | 1<<39
 
-// TestDaemonSetOnRealNode: deploy/ applied with kubectl -k (an overlay that
-// names the test's image, attaches to the test node's interfaces and
-// shortens the readiness probe) to a single-node cluster of real
-// components; the kubelet runs the agent with containerd from an image of
-// make image.
+// TestDaemonSetOnRealNode: the Helm chart (deploy/helm/rlagent) installed
+// and upgraded with the Helm SDK (hack/helm install, values that name the
+// test's image, attach to the test node's interfaces and shorten the
+// readiness probe) on a single-node cluster of real components; the
+// kubelet runs the agent with containerd from an image of make image.
+// deploy/, the chart's default rendering, still applies with kubectl
+// apply -k (a server-side dry run next to the release).
 //
 // It proves: the agent runs unprivileged with exactly CAP_BPF,
 // CAP_NET_ADMIN and CAP_PERFMON effective, with its ServiceAccount's RBAC
@@ -85,14 +87,26 @@ func TestDaemonSetOnRealNode(t *testing.T) {
 	}
 	addProbe()
 
-	overlay := t.TempDir()
+	helm := buildHelm(t, repo)
 	apply := func(tag string, maxBuckets int) {
 		t.Helper()
-		writeOverlay(t, overlay, repo, tag, maxBuckets)
-		t.Logf("kubectl apply -k (image %s, maxBuckets %d):\n%s", tag, maxBuckets, n.Kubectl("apply", "-k", overlay))
+		started := time.Now()
+		out, err := n.Output(helm, helmArgs(n, repo, tag, maxBuckets)...)
+		if err != nil {
+			t.Fatalf("hack/helm install (image %s, maxBuckets %d): %v\n%s", tag, maxBuckets, err, out)
+		}
+		t.Logf("hack/helm install (image %s, maxBuckets %d) in %v:\n%s", tag, maxBuckets, time.Since(started).Round(time.Millisecond), out)
 	}
 	apply("node-test-1", 65536)
 	n.Kubectl("-n", "rlagent-system", "rollout", "status", "daemonset/rlagent", "--timeout=120s")
+	// kubectl apply -k deploy/ as the API server would take it, next to
+	// the release that holds the same objects: the kustomization builds
+	// and every object passes validation and admission. Server-side, so
+	// that kubectl does not look for its last-applied annotation on
+	// Helm's objects; forced, because deploy/ names another image than
+	// the release (a dry run: nothing changes hands).
+	t.Logf("kubectl apply -k deploy/ --server-side --dry-run=server:\n%s", n.Kubectl("apply", "-k", filepath.Join(repo, "deploy"),
+		"--server-side", "--force-conflicts", "--field-manager", "rlagent-node-test", "--dry-run=server"))
 	pod := agentPod(t, n)
 	t.Logf("agent pod %s running", pod)
 
@@ -243,13 +257,17 @@ spec:
 		before, _ := agentStatus(t, n, pod)
 		started := time.Now()
 		apply(step.tag, step.maxBuckets)
-		if step.maxBuckets != 65536 {
-			// A ConfigMap's change alone reaches the running agent, which
-			// refuses a new maxBuckets until restarted: restart it.
-			n.Kubectl("-n", "rlagent-system", "rollout", "restart", "daemonset/rlagent")
-		}
 		n.Kubectl("-n", "rlagent-system", "rollout", "status", "daemonset/rlagent", "--timeout=120s")
 		next := agentPod(t, n)
+		if next == pod && step.maxBuckets != 65536 {
+			// A ConfigMap's change alone reaches the running agent, which
+			// refuses a new maxBuckets until restarted: restart it. (A new
+			// image rolls the pods already, which start with the new
+			// config: the install waits for that rollout.)
+			n.Kubectl("-n", "rlagent-system", "rollout", "restart", "daemonset/rlagent")
+			n.Kubectl("-n", "rlagent-system", "rollout", "status", "daemonset/rlagent", "--timeout=120s")
+			next = agentPod(t, n)
+		}
 		if next == pod {
 			t.Fatalf("%s: the agent pod is still %s", step.what, pod)
 		}
@@ -285,51 +303,27 @@ spec:
 	}
 }
 
-// writeOverlay writes a kustomization over deploy/: the test's image
-// (imagePullPolicy Never: there is no registry), the node's interfaces in
-// the config, and a readiness probe every 2 s (deploy/'s is every 10 s, 3
-// failures).
-func writeOverlay(t *testing.T, dir, repo, tag string, maxBuckets int) {
+// buildHelm builds hack/helm, the chart's install command (a module of
+// its own: the Helm SDK needs a newer k8s.io than rlagent's).
+func buildHelm(t *testing.T, repo string) string {
 	t.Helper()
-	rel, err := filepath.Rel(dir, filepath.Join(repo, "deploy"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	k := fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
-kind: Kustomization
-resources:
-  - %s
-images:
-  - name: ghcr.io/rlagent/rlagent
-    newTag: %s
-patches:
-  - target: {kind: DaemonSet, name: rlagent}
-    patch: |-
-      - op: replace
-        path: /spec/template/spec/containers/0/imagePullPolicy
-        value: Never
-      - op: replace
-        path: /spec/template/spec/containers/0/readinessProbe/periodSeconds
-        value: 2
-      - op: replace
-        path: /spec/template/spec/containers/0/readinessProbe/failureThreshold
-        value: 1
-  - target: {kind: ConfigMap, name: rlagent}
-    patch: |-
-      - op: replace
-        path: /data/rlagent.yaml
-        value: |
-          interfaces: [uplink, probe0]
-          pinDir: /host/sys/fs/bpf/rlagent
-          metricsAddress: "127.0.0.1:9478"
-          maxBuckets: %d
-          protect:
-            - name: kubelet
-              protocol: tcp
-              localPorts: [10250]
-`, rel, tag, maxBuckets)
-	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644); err != nil {
-		t.Fatal(err)
+	bin := filepath.Join(t.TempDir(), "rlagent-helm")
+	run(t, repo, nil, "go", "-C", filepath.Join(repo, "hack", "helm"), "build", "-o", bin, ".")
+	return bin
+}
+
+// helmArgs installs (or upgrades) the chart with the test's image
+// (imagePullPolicy Never: there is no registry), the node's interfaces in
+// the config, the kubelet's port alone protected, and a readiness probe
+// every 2 s (the chart's is every 10 s, 3 failures).
+func helmArgs(n *k8stest.Node, repo, tag string, maxBuckets int) []string {
+	return []string{"install", "--kubeconfig", n.Env.Kubeconfig, "--chart", filepath.Join(repo, "deploy", "helm", "rlagent"),
+		"--namespace", "rlagent-system", "--create-namespace", "--timeout", "2m",
+		"--set", "image.tag=" + tag, "--set", "image.pullPolicy=Never",
+		"--set", "readinessProbe.periodSeconds=2", "--set", "readinessProbe.failureThreshold=1",
+		"--set", "config.maxBuckets=" + strconv.Itoa(maxBuckets),
+		"--set-json", `config.interfaces=["uplink","probe0"]`,
+		"--set-json", `config.protect=[{"name":"kubelet","protocol":"tcp","localPorts":[10250]}]`,
 	}
 }
 
