@@ -27,7 +27,8 @@ BENCHCOUNT ?= 1
 
 # Generated files that are committed (bpf2go output, controller-gen's deepcopy code and CRD);
 # verify-generate fails when regenerating changes them.
-GENERATED := 'bpf/*_bpfel.go' 'bpf/*_bpfel.o' 'bpf/*_bpfeb.go' 'bpf/*_bpfeb.o' api/v1alpha1/zz_generated.deepcopy.go deploy/crd.yaml client
+GENERATED := 'bpf/*_bpfel.go' 'bpf/*_bpfel.o' 'bpf/*_bpfeb.go' 'bpf/*_bpfeb.o' api/v1alpha1/zz_generated.deepcopy.go deploy/crd.yaml client \
+	deploy/namespace.yaml deploy/rbac.yaml deploy/demand-policy.yaml deploy/status-policy.yaml deploy/configmap.yaml deploy/daemonset.yaml deploy/helm/rlagent/crds
 
 # Debian packages that provide clang, llvm-strip and <bpf/bpf_helpers.h>.
 BPF_PACKAGES := clang llvm libbpf-dev
@@ -91,6 +92,7 @@ generate: deps-bpf ## regenerate bpf/ (bpf2go), the api/ deepcopy code, deploy/c
 	$(GO) generate ./bpf/...
 	$(TOOL) controller-gen object paths=./api/... crd paths=./api/... output:crd:stdout > deploy/crd.yaml.tmp \
 		&& mv deploy/crd.yaml.tmp deploy/crd.yaml || { rm -f deploy/crd.yaml.tmp; exit 1; }
+	$(GO) -C hack/helm run . render --repo ../..
 	rm -rf client
 	$(TOOL) client-gen --go-header-file /dev/null --input-base $(MODULE) --input api/v1alpha1 \
 		--clientset-name versioned --fake-clientset=false --output-dir client/clientset --output-pkg $(MODULE)/client/clientset
@@ -123,6 +125,7 @@ test: deps-test deps-node ## go vet and go test ./... (as root the BPF and end-t
 	$(GO) vet ./...
 	$(GO) run ./internal/k8stest/k8sbin -node >/dev/null
 	$(GO) test -count=1 -timeout 30m $(TESTFLAGS) ./...
+	$(GO) -C hack/helm test -count=1 ./...
 
 # k8sbin builds kube-apiserver and etcd into ~/.cache/rlagent/k8s (or finds them
 # there) first, so that a cold build shows its progress instead of stalling a
