@@ -171,7 +171,7 @@ func Run(ctx context.Context, opts Options) error {
 	} else {
 		scrape = promhttp.HandlerFor(reg, promhttp.HandlerOpts{MaxRequestsInFlight: 1})
 	}
-	ssrv, _, err := serveSecureMetrics(ctx, cfg.SecureMetrics, opts.KubeConfig, scrape, a.log)
+	ssrv, _, err := serveSecureMetrics(cfg.SecureMetrics, opts.KubeConfig, scrape, a.log)
 	if err != nil {
 		return err
 	}

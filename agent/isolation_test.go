@@ -53,6 +53,14 @@ func (b *logBuffer) count(parts ...string) int {
 	return n
 }
 
+// text is every line so far (for a test's message, while others may
+// still write).
+func (b *logBuffer) text() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
 func captureLog(a *Agent) *logBuffer {
 	b := &logBuffer{}
 	a.log = slog.New(slog.NewTextHandler(b, nil))

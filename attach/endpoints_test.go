@@ -17,17 +17,6 @@ import (
 	"github.com/rlagent/rlagent/internal/testenv"
 )
 
-// newNS creates a namespace closed in Cleanup.
-func newNS(t *testing.T, name string) *nettest.NS {
-	t.Helper()
-	ns, err := nettest.NewNS(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ns.Close() })
-	return ns
-}
-
 // addPod joins pod to node with a veth pair: hostIf in node (up, no
 // address: the host side of a pod's pair), eth0 in pod with addrs. It
 // returns the host side.
@@ -113,7 +102,7 @@ func newEndpointNode(t *testing.T) *endpointNode {
 	t.Helper()
 	testenv.RequireRoot(t)
 	nettest.HoldTraffic(t)
-	e := &endpointNode{node: newNS(t, "node"), pod1: newNS(t, "pod1"), pod2: newNS(t, "pod2"), pod3: newNS(t, "pod3")}
+	e := &endpointNode{node: nettest.MustNS(t, "node"), pod1: nettest.MustNS(t, "pod1"), pod2: nettest.MustNS(t, "pod2"), pod3: nettest.MustNS(t, "pod3")}
 	nl, err := e.node.Netlink()
 	if err != nil {
 		t.Fatal(err)

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rlagent/rlagent/internal/bpftest"
+	"github.com/rlagent/rlagent/internal/nettest"
 )
 
 // A CNI that delivers into a pod with bpf_redirect_peer (Cilium's BPF host
@@ -28,7 +29,7 @@ import (
 // redirects every packet to lxc1's peer.
 func TestPodSideIngressSeesRedirectPeer(t *testing.T) {
 	p := pair(t, "10.232.0.0/24")
-	pod := newNS(t, "pod")
+	pod := nettest.MustNS(t, "pod")
 	nlB, err := p.B.Netlink()
 	if err != nil {
 		t.Fatal(err)

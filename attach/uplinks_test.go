@@ -22,11 +22,7 @@ import (
 // addresses, never loopback, each once with every reason.
 func TestUplinks(t *testing.T) {
 	testenv.RequireRoot(t)
-	ns, err := nettest.NewNS("uplinks")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ns.Close() })
+	ns := nettest.MustNS(t, "uplinks")
 	nl, err := ns.Netlink()
 	if err != nil {
 		t.Fatal(err)

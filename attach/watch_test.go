@@ -8,6 +8,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 
+	"github.com/rlagent/rlagent/internal/nettest"
 	"github.com/rlagent/rlagent/internal/testenv"
 )
 
@@ -15,7 +16,7 @@ import (
 // veth, of a new route, and of a new neighbour entry.
 func TestWatchPokes(t *testing.T) {
 	testenv.RequireRoot(t)
-	ns := newNS(t, "watched")
+	ns := nettest.MustNS(t, "watched")
 	a := newAttacher(t, Options{})
 	pokes := make(chan time.Time, 1024)
 	ctx, cancel := context.WithCancel(context.Background())

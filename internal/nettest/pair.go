@@ -177,6 +177,19 @@ func MustPair(tb testing.TB, cfg PairConfig) *Pair {
 	return p
 }
 
+// MustNS creates a network namespace (NewNS) closed in tb's Cleanup, and
+// fails tb if it cannot. Unlike MustPair it takes no traffic lock: a test
+// that sends through the namespace holds it (HoldTraffic).
+func MustNS(tb testing.TB, name string) *NS {
+	tb.Helper()
+	ns, err := NewNS(name)
+	if err != nil {
+		tb.Fatalf("%v", err)
+	}
+	tb.Cleanup(func() { ns.Close() })
+	return ns
+}
+
 // setUp gives the interface its addresses and sets it up.
 func setUp(ns *NS, ifname string, addrs ...netip.Prefix) error {
 	nl, l, err := ns.link(ifname)

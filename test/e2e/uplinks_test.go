@@ -51,20 +51,10 @@ func newAutoNet(t *testing.T) *autoNet {
 	testenv.RequireRoot(t)
 	nettest.HoldTraffic(t)
 	n := &autoNet{t: t, dir: t.TempDir()}
-	n.node = newNS(t, "auto-node")
+	n.node = nettest.MustNS(t, "auto-node")
 	n.pins = filepath.Join(n.dir, "bpf")
 	n.cfg = filepath.Join(n.dir, "rlagent.yaml")
 	return n
-}
-
-func newNS(t *testing.T, name string) *nettest.NS {
-	t.Helper()
-	ns, err := nettest.NewNS(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ns.Close() })
-	return ns
 }
 
 // link joins the node to a new router namespace over a veth pair, in the
@@ -73,7 +63,7 @@ func newNS(t *testing.T, name string) *nettest.NS {
 // and the node's addresses on the bridge (ifNode is then the bridge).
 func (n *autoNet) link(i int, bridged bool) uplink {
 	n.t.Helper()
-	u := uplink{router: newNS(n.t, fmt.Sprintf("auto-r%d", i)), ifNode: fmt.Sprintf("up%d", i), ifPeer: fmt.Sprintf("r%d", i)}
+	u := uplink{router: nettest.MustNS(n.t, fmt.Sprintf("auto-r%d", i)), ifNode: fmt.Sprintf("up%d", i), ifPeer: fmt.Sprintf("r%d", i)}
 	u.node4 = netip.AddrFrom4([4]byte{10, 211, byte(i), 2})
 	u.peer4 = netip.AddrFrom4([4]byte{10, 211, byte(i), 1})
 	u.node6 = netip.MustParseAddr(fmt.Sprintf("fd00:211:%d::2", i))

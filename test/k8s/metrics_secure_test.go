@@ -34,7 +34,7 @@ import (
 //   - a ServiceAccount's token (TokenRequest) without RBAC: 403;
 //   - the same token once deploy/monitoring's ClusterRole
 //     rlagent-metrics-reader is bound to the ServiceAccount: 200, with the
-//     agent's rlagent_ metrics (within the filter's 30 s cache of the
+//     agent's rlagent_ metrics (within the agent's 30 s cache of the
 //     denial);
 //   - a token the API server never issued: 401;
 //   - another path with the good token: 404 (only /metrics is there).
@@ -171,7 +171,7 @@ func TestSecureMetrics(t *testing.T) {
 		}, metav1.CreateOptions{})
 		return err == nil && sar.Status.Allowed
 	})
-	// The agent cached the denial (controller-runtime's filter: 30 s).
+	// The agent cached the denial (30 s, deniedTTL).
 	start := time.Now()
 	var code int
 	var body string
