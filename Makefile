@@ -88,7 +88,7 @@ deps-test: ## install the tools the privileged tests run (nft, package nftables;
 TOOL := $(GO) tool -modfile=hack/tools/go.mod
 MODULE := github.com/rlagent/rlagent
 
-generate: deps-bpf ## regenerate bpf/ (bpf2go), the api/ deepcopy code, deploy/crd.yaml (controller-gen) and client/ (code-generator)
+generate: deps-bpf ## regenerate bpf/ (bpf2go), the api/ deepcopy code, deploy/crd.yaml (controller-gen), client/ (code-generator) and deploy/*.yaml from the Helm chart (hack/helm render)
 	$(GO) generate ./bpf/...
 	$(TOOL) controller-gen object paths=./api/... crd paths=./api/... output:crd:stdout > deploy/crd.yaml.tmp \
 		&& mv deploy/crd.yaml.tmp deploy/crd.yaml || { rm -f deploy/crd.yaml.tmp; exit 1; }
@@ -150,7 +150,7 @@ deps-node: ## install containerd, runc, the CNI plugins, iptables and conntrack 
 	echo 'deps-node: installing $(NODE_PACKAGES)'; \
 	apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $(NODE_PACKAGES)
 
-test-node: deps-node ## only the image and the DaemonSet on a real node (kubelet, containerd, kube-proxy, controller-manager, scheduler; the first run builds them: ~5 min more than test-k8s)
+test-node: deps-node ## only the image and the agent installed with the Helm chart on a real node (kubelet, containerd, kube-proxy, controller-manager, scheduler; the first run builds them: ~5 min more than test-k8s)
 	$(GO) run ./internal/k8stest/k8sbin -node >/dev/null
 	$(GO) test -count=1 $(TESTFLAGS) ./test/node/...
 
