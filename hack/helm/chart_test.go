@@ -65,7 +65,7 @@ func nonDefault() map[string]any {
 			"extra":        map[string]any{"manageQdisc": true, "rejectBudget": map[string]any{"rate": 100}},
 		},
 		"metrics": map[string]any{
-			"port": 9500,
+			"port":   9500,
 			"secure": map[string]any{"enabled": true, "port": 9501, "certSecret": "rlagent-metrics-tls"},
 			"serviceMonitor": map[string]any{
 				"enabled": true, "labels": map[string]any{"release": "prometheus"}, "interval": "30s",
