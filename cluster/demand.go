@@ -362,7 +362,7 @@ func nodeOf(l *coordinationv1.Lease, now time.Time, maxAge time.Duration) (strin
 
 // allocationStatus is a round as the status holds it.
 func allocationStatus(r demand.Allocation, nodes int, asked uint64, keys []demand.KeyLevel) *v1alpha1.Allocation {
-	a := &v1alpha1.Allocation{Round: r.Round, Floor: r.Level.Floor, Nodes: int32(min(nodes, math.MaxInt32)), Demand: asked, Time: metav1.NewTime(r.Time)}
+	a := &v1alpha1.Allocation{Round: r.Round, Floor: r.Level.Floor, Nodes: int32(min(nodes, math.MaxInt32)), Demand: asked, Time: metav1.NewMicroTime(r.Time)}
 	if r.Level.Water != math.MaxUint64 {
 		a.Water = ptr.To(r.Level.Water)
 	}

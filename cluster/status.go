@@ -586,9 +586,9 @@ func (w *StatusWriter) sync(ctx context.Context, queue workqueue.TypedRateLimiti
 func (w *StatusWriter) allocate(queue workqueue.TypedRateLimitingInterface[string], leases cache.SharedIndexInformer,
 	l v1alpha1.Limit, last *v1alpha1.Allocation, next *v1alpha1.RateLimitStatus) (demand.Allocation, bool) {
 	p := w.demandParams()
-	// To the second, as the status holds it: the nodes apply Counted to
-	// the time they read.
-	now := time.Now().Truncate(time.Second)
+	// To the microsecond, as the status holds it: the nodes apply Counted
+	// to the time they read.
+	now := time.Now().Truncate(time.Microsecond)
 	var nodes []demand.NodeReport
 	for _, obj := range leases.GetStore().List() {
 		lease, ok := obj.(*coordinationv1.Lease)
@@ -657,13 +657,7 @@ func (w *StatusWriter) allocate(queue workqueue.TypedRateLimitingInterface[strin
 		wake = countable
 	}
 	if !wake.IsZero() {
-		// At the next whole second: the rounds' times are of whole
-		// seconds.
-		next := wake.Truncate(time.Second)
-		if next.Before(wake) {
-			next = next.Add(time.Second)
-		}
-		queue.AddAfter(l.Name, time.Until(next)+10*time.Millisecond)
+		queue.AddAfter(l.Name, time.Until(wake)+10*time.Millisecond)
 	}
 	if !write {
 		return demand.Allocation{}, false

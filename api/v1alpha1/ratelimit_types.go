@@ -165,10 +165,11 @@ type Allocation struct {
 	// +kubebuilder:validation:Minimum=0
 	Demand uint64 `json:"demand"`
 
-	// Time is when the round was computed (to the second). Its age says
-	// whether it still counts (demandShares.staleAfter); a report counts
-	// in it if it was written at least an interval before.
-	Time metav1.Time `json:"time"`
+	// Time is when the round was computed (to the microsecond, as the
+	// demand Leases' times). Its age says whether it still counts
+	// (demandShares.staleAfter); a report counts in it if it was written
+	// at least half an interval before.
+	Time metav1.MicroTime `json:"time"`
 
 	// Keys are, for a keyed limit, the keys the nodes reported as hot,
 	// each with its own allocation (floor is every key's floor): at most
