@@ -184,7 +184,7 @@ test-fuzz: ## fuzz the bpf/ packet parser (FUZZ, default FuzzParse) for FUZZTIME
 	$(GO) test -run '^$$' -fuzz '$(FUZZ)' -fuzztime $(FUZZTIME) ./bpf/
 
 bench: ## run the data path and agent benchmarks (one package at a time) into bench.out and print the summary table
-	$(GO) test -p 1 -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -count $(BENCHCOUNT) ./bpf/ ./agent/ ./test/e2e/ ./limiter/ | tee bench.out
+	$(GO) test -p 1 -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -count $(BENCHCOUNT) ./bpf/ ./agent/ ./cluster/ ./test/e2e/ ./limiter/ | tee bench.out
 	$(GO) run ./internal/benchtable < bench.out
 
 #: DEMO_STEP=10s      how long each replica count lasts in `make demo` (make test runs the demo at 3s: test/demo TestDemo)

@@ -28,6 +28,7 @@ const (
 	scopeFile    = 1
 	scopeNodes   = 2
 	scopeService = 3
+	scopePods    = 4
 )
 
 // noID marks a limit that got no id: every id of the data path is taken.
@@ -199,7 +200,7 @@ func planLimit(in *planInputs, l *v1alpha1.Limit) *desiredLimit {
 	share, clamped := fit(share)
 	var fallback, attachNote string
 	var points []placement
-	if spec.Attach == v1alpha1.AttachEndpoints || (spec.Attach == "" && spec.Scope == v1alpha1.ScopeService) {
+	if atEndpoints(spec) {
 		if points, fallback, attachNote = endpointPlacements(spec, &in.endpoints, in.endpointHook); fallback != "" {
 			s := *spec
 			s.Attach = v1alpha1.AttachUplink
@@ -213,6 +214,8 @@ func planLimit(in *planInputs, l *v1alpha1.Limit) *desiredLimit {
 		scope = scopeNodes
 	case v1alpha1.ScopeService:
 		scope = scopeService
+	case v1alpha1.ScopePods:
+		scope = scopePods
 	default:
 		if in.countFile {
 			scope = scopeFile
@@ -285,9 +288,10 @@ func keyShares(spec *v1alpha1.RateLimitSpec, equal divide.Share, burst uint64, r
 }
 
 // equalShare is a limit's equal share at this node: divided evenly by the
-// count, or for scope service by the endpoints here of all the Service's.
+// count, or for scope service (pods) by the endpoints (pods) here of all
+// the Service's (matching ones).
 func equalShare(spec *v1alpha1.RateLimitSpec, obs watcher.Observation) divide.Share {
-	if spec.Scope == v1alpha1.ScopeService {
+	if spec.Scope == v1alpha1.ScopeService || spec.Scope == v1alpha1.ScopePods {
 		return divide.ByEndpoints(spec.Rate, spec.EffectiveBurst(), obs.Local, obs.Replicas)
 	}
 	return divide.Evenly(spec.Rate, spec.EffectiveBurst(), obs.Replicas)
@@ -323,7 +327,7 @@ func nodeSpec(in *planInputs, l *v1alpha1.Limit) (_ *v1alpha1.RateLimitSpec, ok 
 		// limiter library); no node installs it.
 		return nil, false
 	}
-	if spec.Scope != v1alpha1.ScopeService {
+	if spec.Scope != v1alpha1.ScopeService && spec.Scope != v1alpha1.ScopePods {
 		return spec, true
 	}
 	se := in.service[l.Name]
@@ -339,7 +343,7 @@ func nodeSpec(in *planInputs, l *v1alpha1.Limit) (_ *v1alpha1.RateLimitSpec, ok 
 func endpointQueries(in *planInputs) (addrs []netip.Addr, wide []netip.Prefix) {
 	add := func(l *v1alpha1.Limit) {
 		spec, ok := nodeSpec(in, l)
-		if !ok || !(spec.Attach == v1alpha1.AttachEndpoints || (spec.Attach == "" && spec.Scope == v1alpha1.ScopeService)) {
+		if !ok || !atEndpoints(spec) {
 			return
 		}
 		a, w := endpointSide(spec)
@@ -494,4 +498,11 @@ func serviceSpec(spec *v1alpha1.RateLimitSpec, local []watcher.Endpoint, ports [
 		}
 	}
 	return &s
+}
+
+// atEndpoints reports whether spec is enforced at its endpoints' interfaces
+// (attach endpoints, the default of scopes service and pods).
+func atEndpoints(spec *v1alpha1.RateLimitSpec) bool {
+	return spec.Attach == v1alpha1.AttachEndpoints ||
+		(spec.Attach == "" && (spec.Scope == v1alpha1.ScopeService || spec.Scope == v1alpha1.ScopePods))
 }

@@ -286,6 +286,42 @@ func TestPlanServiceScope(t *testing.T) {
 	}
 }
 
+// scope pods: the matching pods' addresses on this node are the local side
+// of the match (every port: pods name none), the share is weighted by the
+// pods here of all that match, and the limit is at their interfaces by
+// default (attach endpoints); with no matching pod here it is not planned.
+func TestPlanPodsScope(t *testing.T) {
+	web := limit(t, "web", `{rate: 9000, scope: pods, match: {protocol: udp, podSelector: {matchLabels: {app: web}}}}`)
+	none := limit(t, "none", `{rate: 9000, scope: pods, match: {namespaceSelector: {}}}`)
+	in := counted(1, web, none)
+	in.obs["web"] = watcher.Observation{Replicas: 3, Local: 1}
+	in.obs["none"] = watcher.Observation{Replicas: 5}
+	pod := attach.Endpoint{Addr: netip.MustParseAddr("10.1.0.5"), Iface: "veth5", Ifindex: 5}
+	in.service = map[string]serviceEndpoints{"web": {local: []watcher.Endpoint{{Addr: pod.Addr}}}}
+	in.endpoints = endpointTable{addrs: map[netip.Addr]attach.Endpoint{pod.Addr: pod}}
+	if addrs, _ := endpointQueries(in); !slices.Equal(addrs, []netip.Addr{pod.Addr}) {
+		t.Errorf("endpoint queries %v, want the pod's address", addrs)
+	}
+	ds := plan(in)
+	if byName(ds, "none") != nil {
+		t.Error("a pods limit without a matching pod here was planned")
+	}
+	d := byName(ds, "web")
+	if d == nil {
+		t.Fatal("web not planned")
+	}
+	if d.limit.Rate != 3000 || !slices.Equal(d.limit.Match.DstCIDRs, []netip.Prefix{netip.MustParsePrefix("10.1.0.5/32")}) ||
+		d.limit.Match.DstPorts != nil || d.meta.Scope != scopePods || d.meta.Local != 1 || d.meta.Replicas != 3 {
+		t.Errorf("web: %+v meta %+v, want 3000/s to the pod, every port", d.limit, d.meta)
+	}
+	if len(d.points) != 1 || d.points[0].point.Iface != "veth5" || d.points[0].point.Kind != attach.TCEgress || d.atUplink != "" {
+		t.Errorf("web placed at %+v (uplink: %q), want the pod's interface veth5, TC egress", d.points, d.atUplink)
+	}
+	if scopeName(scopePods) != "pods" {
+		t.Errorf("scope code %d reads %q", scopePods, scopeName(scopePods))
+	}
+}
+
 // attach endpoints: the hook of each endpoint's interface, or the uplink
 // with the reason when the limit cannot run there.
 func TestPlanEndpointPlacements(t *testing.T) {

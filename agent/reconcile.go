@@ -82,7 +82,7 @@ func (a *Agent) gather() *planInputs {
 	for i := range in.limits {
 		l := &in.limits[i]
 		in.obs[l.Name] = a.observe(l)
-		if l.Scope == v1alpha1.ScopeService && a.k8s != nil {
+		if (l.Scope == v1alpha1.ScopeService || l.Scope == v1alpha1.ScopePods) && a.k8s != nil {
 			var se serviceEndpoints
 			se.local, se.ports = a.k8s.LocalEndpoints(l.Name)
 			in.service[l.Name] = se
@@ -128,7 +128,7 @@ func (a *Agent) limits() []v1alpha1.Limit {
 // observe returns the count a limit is divided by: from the cluster for the
 // nodes and service scopes, from the configured count source otherwise.
 func (a *Agent) observe(l *v1alpha1.Limit) watcher.Observation {
-	if a.k8s != nil && (l.Scope == v1alpha1.ScopeNodes || l.Scope == v1alpha1.ScopeService) {
+	if a.k8s != nil && (l.Scope == v1alpha1.ScopeNodes || l.Scope == v1alpha1.ScopeService || l.Scope == v1alpha1.ScopePods) {
 		return a.k8s.Observe(l.Name)
 	}
 	return a.source.Observe(l.Name)

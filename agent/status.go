@@ -9,7 +9,7 @@ import (
 )
 
 // Scopes as recorded in the pinned metadata.
-var scopeNames = []string{"static", "file", "nodes", "service"}
+var scopeNames = []string{"static", "file", "nodes", "service", "pods"}
 
 func scopeName(s uint8) string {
 	if int(s) < len(scopeNames) {

@@ -283,6 +283,13 @@ type StatusWriter struct {
 	// sync alone).
 	leases cache.SharedIndexInformer
 	allocs map[string]*demand.Allocator
+	// While leading: the leadership's context, and the count of the pods
+	// of scope pods (podCounter), started with the first such limit; and
+	// the note on the hostNetwork pods the selectors choose, by limit, of
+	// the generation it was made for (hostNetworkNote).
+	leadCtx context.Context
+	pods    *podCounter
+	hostNet map[string]hostNetNote
 }
 
 // NewStatusWriter returns a writer over k's limits and counts. Run starts it.
@@ -450,11 +457,13 @@ func (w *StatusWriter) lead(ctx context.Context) {
 	w.mu.Lock()
 	w.leading, w.queue = true, queue
 	w.leases, w.allocs = leases, make(map[string]*demand.Allocator)
+	w.leadCtx = ctx
 	w.mu.Unlock()
 	defer func() {
 		w.mu.Lock()
 		w.leading, w.queue = false, nil
 		w.leases, w.allocs = nil, nil
+		w.leadCtx, w.pods, w.hostNet = nil, nil, nil
 		w.mu.Unlock()
 	}()
 	w.Changed()
@@ -510,6 +519,12 @@ func (w *StatusWriter) sync(ctx context.Context, queue workqueue.TypedRateLimiti
 	leases cache.SharedIndexInformer, name string) error {
 	cur, err := w.k.RateLimits().Get(name)
 	if apierrors.IsNotFound(err) {
+		w.mu.Lock()
+		if c := w.pods; c != nil {
+			c.pods.forget(func(n string) bool { return n != name })
+		}
+		delete(w.hostNet, name)
+		w.mu.Unlock()
 		return nil // deleted: nothing to write
 	}
 	if err != nil {
@@ -531,6 +546,10 @@ func (w *StatusWriter) sync(ctx context.Context, queue workqueue.TypedRateLimiti
 		cond.Status, cond.Reason, cond.Message = metav1.ConditionTrue, v1alpha1.ReasonEnforcedInProcess, inProcessMessage(&limits[i].RateLimitSpec)
 	default:
 		cond.Status, cond.Reason, cond.Message = w.accepted(leases, cur, time.Now())
+		if i >= 0 && limits[i].Scope == v1alpha1.ScopePods {
+			cond.Message = joinNotes(cond.Message, w.hostNetworkNote(ctx, &limits[i], cur.GetUID(), gen))
+			cond.Message = strings.TrimPrefix(cond.Message, "; ")
+		}
 	}
 	// The count, also of a limit the agents reject: it says what the
 	// limit would be divided by.
@@ -540,6 +559,15 @@ func (w *StatusWriter) sync(ctx context.Context, queue workqueue.TypedRateLimiti
 		switch l.Scope {
 		case v1alpha1.ScopeNodes, v1alpha1.ScopeService:
 			n = w.k.Observe(name).Replicas
+		case v1alpha1.ScopePods:
+			// This writer's own count: the agents divide by it. Until
+			// the pods are listed, the count stands as it is.
+			n = int(old.Replicas)
+			if c := w.podCounter(); c != nil {
+				if counted, ok := c.count(&l); ok {
+					n = counted
+				}
+			}
 		default:
 			w.mu.Lock()
 			counts := w.counts

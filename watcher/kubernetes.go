@@ -2,6 +2,7 @@ package watcher
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math"
@@ -106,6 +107,7 @@ type Kubernetes struct {
 	rlLister   rllisters.RateLimitLister
 	dsInformer cache.SharedIndexInformer
 	slices     sliceWatch
+	pods       podWatch
 
 	mu       sync.Mutex
 	ctx      context.Context              // Run's, for the slice informers
@@ -116,6 +118,7 @@ type Kubernetes struct {
 	obs      map[string]Observation       // by limit name
 	local    map[string][]Endpoint        // service scope: this node's ready endpoints
 	ports    map[string][]EndpointPort    // service scope: the Service's ports
+	counted  map[string]int               // pods scope: status.replicas, the elected agent's count
 	agents   int
 	desired  int // the DaemonSet's desiredNumberScheduled
 	synced   bool
@@ -152,6 +155,7 @@ func NewKubernetes(cfg KubernetesConfig) *Kubernetes {
 		obs:     make(map[string]Observation),
 		local:   make(map[string][]Endpoint),
 		ports:   make(map[string][]EndpointPort),
+		counted: make(map[string]int),
 	}
 	k.health = newWatchHealth(cfg.Log, cfg.Probe, cfg.ProbeInterval, k.healthChanged)
 
@@ -249,6 +253,7 @@ const (
 	keyAgents  = "agents"
 	keyService = "service/"
 	keyCounts  = "counts"
+	keyPods    = "pods"
 )
 
 // handler enqueues on every add, update and delete, tombstones included.
@@ -294,13 +299,13 @@ func (k *Kubernetes) Run(ctx context.Context, notify func()) {
 		k.storeLimit(rl.Name, rl)
 	}
 	if err == nil {
-		err = k.watchServices()
+		err = errors.Join(k.watchServices(), k.watchPods())
 	}
 	k.mu.Unlock()
 	if err != nil {
 		k.log.Warn("the first sync of the limits", "error", err) // their keys are queued: retried
 	}
-	if !cache.WaitForCacheSync(ctx.Done(), k.slices.synced) {
+	if !cache.WaitForCacheSync(ctx.Done(), k.slices.synced, k.pods.synced) {
 		return
 	}
 	k.mu.Lock()
@@ -308,6 +313,7 @@ func (k *Kubernetes) Run(ctx context.Context, notify func()) {
 	k.mu.Unlock()
 	k.queue.Add(keyCounts)
 	k.queue.Add(keyAgents)
+	k.queue.Add(keyPods)
 	go func() {
 		<-ctx.Done()
 		k.queue.ShutDown()
@@ -355,13 +361,19 @@ func (k *Kubernetes) sync(key string) error {
 		if err == nil {
 			changed = k.storeLimit(name, rl)
 			changed = k.syncObservation(name) || changed
-			err = k.watchServices()
+			err = errors.Join(k.watchServices(), k.watchPods())
 		}
 	case key == keyAgents:
 		changed = k.syncAgents()
 	case key == keyCounts:
 		for name := range k.limits {
 			changed = k.syncObservation(name) || changed
+		}
+	case key == keyPods:
+		for name, l := range k.limits {
+			if l.Scope == v1alpha1.ScopePods {
+				changed = k.syncObservation(name) || changed
+			}
 		}
 	case strings.HasPrefix(key, keyService):
 		svc := strings.TrimPrefix(key, keyService)
@@ -406,6 +418,7 @@ func (k *Kubernetes) storeLimit(name string, rl *v1alpha1.RateLimit) bool {
 		delete(k.obs, name)
 		delete(k.local, name)
 		delete(k.ports, name)
+		delete(k.counted, name)
 		return had
 	}
 	spec := *rl.Spec.DeepCopy()
@@ -420,11 +433,20 @@ func (k *Kubernetes) storeLimit(name string, rl *v1alpha1.RateLimit) bool {
 			keys = KeyLevelsOf(a)
 		}
 	}
+	counted := 0
+	if spec.Scope == v1alpha1.ScopePods {
+		counted = int(max(rl.Status.Replicas, 0))
+	}
 	prev, had := k.limits[name]
-	changed := !had || !reflect.DeepEqual(prev.RateLimitSpec, spec) ||
+	changed := !had || !reflect.DeepEqual(prev.RateLimitSpec, spec) || k.counted[name] != counted ||
 		fmt.Sprint(k.invalid[name]) != fmt.Sprint(invalid) || k.allocs[name] != alloc ||
 		!slices.Equal(k.keys[name], keys)
 	k.limits[name] = l
+	if counted > 0 {
+		k.counted[name] = counted
+	} else {
+		delete(k.counted, name)
+	}
 	if invalid != nil {
 		k.invalid[name] = invalid
 	} else {
@@ -515,6 +537,12 @@ func (k *Kubernetes) syncObservation(name string) bool {
 	case v1alpha1.ScopeService:
 		o.Replicas, local, ports = k.serviceEndpoints(l.Match.Service)
 		o.Local = len(local)
+	case v1alpha1.ScopePods:
+		// The count is the elected agent's (status.replicas); the pods
+		// here are this agent's own watch's, which may be ahead of it
+		// for a moment: the count is at least what is here.
+		o.Local, local = k.localPods(&l)
+		o.Replicas = max(k.counted[name], o.Local)
 	default:
 		// static: the agent divides it by its own count source.
 		_, had := k.obs[name]

@@ -302,6 +302,30 @@ func toJSON(v any, t reflect.Type, path string) (any, []error) {
 			el = append(el, eel...)
 		}
 		return out, el
+	case reflect.Map:
+		// A label set (matchLabels): string keys, each value as the
+		// map's element type.
+		ms, ok := v.(yamlv2.MapSlice)
+		if !ok {
+			return nil, []error{wrongKind(at, "a mapping", v)}
+		}
+		var el []error
+		out := make(map[string]any, len(ms))
+		for _, item := range ms {
+			key, ok := item.Key.(string)
+			if !ok {
+				el = append(el, &FieldError{Field: at, Detail: fmt.Sprintf("key %v is not a string: quote it", item.Key)})
+				continue
+			}
+			if _, dup := out[key]; dup {
+				el = append(el, &FieldError{Field: field(path, key), Detail: "listed twice"})
+				continue
+			}
+			var fel []error
+			out[key], fel = toJSON(item.Value, t.Elem(), field(path, key))
+			el = append(el, fel...)
+		}
+		return out, el
 	case reflect.String:
 		switch x := v.(type) {
 		case string:

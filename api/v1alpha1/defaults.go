@@ -226,7 +226,7 @@ func (s *RateLimitSpec) Default() {
 	}
 	if s.Attach == "" {
 		s.Attach = AttachUplink
-		if s.Scope == ScopeService {
+		if s.Scope == ScopeService || s.Scope == ScopePods {
 			s.Attach = AttachEndpoints
 		}
 	}

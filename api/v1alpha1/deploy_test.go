@@ -585,11 +585,11 @@ func TestDaemonSet(t *testing.T) {
 }
 
 // TestRBAC checks that the agents get exactly the rights docs/kubernetes.md
-// lists: read RateLimits and EndpointSlices, write RateLimit status only;
-// in their namespace read their DaemonSet, hold the status writer's Lease
-// and write and read the demand Leases (which of them an agent may write,
-// RBAC cannot say: TestDeployDemandPolicy); in default create Events (those
-// of RateLimits), which nothing reads back.
+// lists: read RateLimits, EndpointSlices, pods and namespaces, write
+// RateLimit status only; in their namespace read their DaemonSet, hold the
+// status writer's Lease and write and read the demand Leases (which of them
+// an agent may write, RBAC cannot say: TestDeployDemandPolicy); in default
+// create Events (those of RateLimits), which nothing reads back.
 func TestRBAC(t *testing.T) {
 	d := readDeployment(t)
 	if len(d.clusterRoles) != 1 || len(d.roles) != 2 || len(d.clusterRoleBindings) != 1 || len(d.roleBindings) != 2 || len(d.serviceAccounts) != 1 {
@@ -600,6 +600,9 @@ func TestRBAC(t *testing.T) {
 		{APIGroups: []string{GroupName}, Resources: []string{"ratelimits"}, Verbs: read},
 		{APIGroups: []string{GroupName}, Resources: []string{"ratelimits/status"}, Verbs: []string{"update", "patch"}},
 		{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: read},
+		// scope pods: its node's pods, the namespaces' labels; the
+		// elected agent counts every pod.
+		{APIGroups: []string{""}, Resources: []string{"pods", "namespaces"}, Verbs: read},
 		// secureMetrics' reviews of each scrape.
 		{APIGroups: []string{"authentication.k8s.io"}, Resources: []string{"tokenreviews"}, Verbs: []string{"create"}},
 		{APIGroups: []string{"authorization.k8s.io"}, Resources: []string{"subjectaccessreviews"}, Verbs: []string{"create"}},

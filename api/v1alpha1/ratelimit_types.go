@@ -106,7 +106,9 @@ type RateLimitStatus struct {
 
 	// Replicas is the count the global rate is divided by, as the agents
 	// observe it: the ready agents with scope nodes, the ready endpoints of
-	// the Service with scope service. A count below 1 is enforced as 1.
+	// the Service with scope service, the matching ready pods with scope
+	// pods (counted by the elected agent alone: the agents divide by this
+	// number). A count below 1 is enforced as 1.
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=2147483647
 	// +optional

@@ -289,21 +289,23 @@ type Limit struct {
 // +kubebuilder:object:generate=true
 // +kubebuilder:validation:XValidation:rule="self.scope != 'service' || has(self.match.service)",message="scope service requires match.service: the namespace/name of a Service",fieldPath=".match.service",reason=FieldValueRequired
 // +kubebuilder:validation:XValidation:rule="!has(self.match.service) || self.scope == 'service'",message="match.service is only allowed with scope service",fieldPath=".match.service"
+// +kubebuilder:validation:XValidation:rule="self.scope != 'pods' || has(self.match.podSelector) || has(self.match.namespaceSelector)",message="scope pods requires match.podSelector or match.namespaceSelector (or both): the pods whose ready count divides the rate",fieldPath=".match.podSelector",reason=FieldValueRequired
+// +kubebuilder:validation:XValidation:rule="(!has(self.match.podSelector) && !has(self.match.namespaceSelector)) || self.scope == 'pods'",message="match.podSelector and match.namespaceSelector are only allowed with scope pods",fieldPath=".match.podSelector"
 // +kubebuilder:validation:XValidation:rule="!has(self.action) || self.action != 'pace' || (has(self.match.direction) && self.match.direction == 'egress')",message="action pace needs match.direction egress: pacing delays egress packets; ingress packets cannot be delayed",fieldPath=".action"
-// +kubebuilder:validation:XValidation:rule="!has(self.action) || self.action != 'pace' || (has(self.attach) ? self.attach == 'uplink' : self.scope != 'service')",message="action pace needs attach uplink: the departure time is kept by the uplink's fq qdisc",fieldPath=".attach"
+// +kubebuilder:validation:XValidation:rule="!has(self.action) || self.action != 'pace' || (has(self.attach) ? self.attach == 'uplink' : (self.scope != 'service' && self.scope != 'pods'))",message="action pace needs attach uplink: the departure time is kept by the uplink's fq qdisc",fieldPath=".attach"
 // +kubebuilder:validation:XValidation:rule="!has(self.horizon) || (has(self.action) && self.action == 'pace')",message="horizon is only allowed with action pace",fieldPath=".horizon"
 // +kubebuilder:validation:XValidation:rule="!has(self.action) || self.action != 'reject' || !has(self.match.direction) || self.match.direction == 'ingress'",message="action reject needs match.direction ingress: it answers arriving packets",fieldPath=".action"
 // +kubebuilder:validation:XValidation:rule="!has(self.prefixLength) || (has(self.key) && (self.key == 'src-prefix' || self.key == 'dst-prefix'))",message="prefixLength is only allowed with key src-prefix or dst-prefix",fieldPath=".prefixLength"
-// +kubebuilder:validation:XValidation:rule="!has(self.attach) || self.attach != 'endpoints' || has(self.match.service) || ((has(self.match.direction) && self.match.direction == 'egress') ? (has(self.match.srcCIDRs) && size(self.match.srcCIDRs) > 0) : (has(self.match.dstCIDRs) && size(self.match.dstCIDRs) > 0))",message="attach endpoints without match.service takes the endpoint addresses from match.dstCIDRs (ingress) or match.srcCIDRs (egress): list them",fieldPath=".attach"
+// +kubebuilder:validation:XValidation:rule="!has(self.attach) || self.attach != 'endpoints' || has(self.match.service) || self.scope == 'pods' || ((has(self.match.direction) && self.match.direction == 'egress') ? (has(self.match.srcCIDRs) && size(self.match.srcCIDRs) > 0) : (has(self.match.dstCIDRs) && size(self.match.dstCIDRs) > 0))",message="attach endpoints without match.service or scope pods takes the endpoint addresses from match.dstCIDRs (ingress) or match.srcCIDRs (egress): list them",fieldPath=".attach"
 // +kubebuilder:validation:XValidation:rule="!has(self.unit) || self.unit != 'connections' || !has(self.match.protocol) || self.match.protocol == 'tcp' || self.match.protocol == 'any'",message="unit connections counts TCP SYNs: it needs protocol tcp or any",fieldPath=".unit"
 // +kubebuilder:validation:XValidation:rule="!has(self.key) || self.key != 'dst-port' || !has(self.match.protocol) || self.match.protocol != 'icmp'",message="key dst-port needs protocol tcp, udp or any: icmp has no ports",fieldPath=".key"
-// +kubebuilder:validation:XValidation:rule="!has(self.share) || self.share != 'demand' || self.scope == 'nodes' || self.scope == 'service'",message="share demand needs scope nodes or service: the nodes report their demands and read the allocation through the cluster",fieldPath=".share"
+// +kubebuilder:validation:XValidation:rule="!has(self.share) || self.share != 'demand' || self.scope in ['nodes', 'service', 'pods']",message="share demand needs scope nodes, service or pods: the nodes report their demands and read the allocation through the cluster",fieldPath=".share"
 // +kubebuilder:validation:XValidation:rule="!has(self.share) || self.share != 'demand' || !has(self.action) || self.action != 'pace' || !has(self.key) || self.key == 'none'",message="share demand with a key cannot pace: a paced limit's departure times are kept per limit, not per key share",fieldPath=".share"
 // +kubebuilder:validation:XValidation:rule="!has(self.hotKeys) || (has(self.share) && self.share == 'demand' && has(self.key) && self.key != 'none')",message="hotKeys is only allowed with share demand and a key",fieldPath=".hotKeys"
 // +kubebuilder:validation:XValidation:rule="!has(self.onEmpty) || (has(self.unit) && self.unit == 'requests')",message="onEmpty is only allowed with unit requests: the kernel cannot make a packet wait on the way in (see action pace for egress)",fieldPath=".onEmpty"
 // +kubebuilder:validation:XValidation:rule="!has(self.maxWait) || (has(self.onEmpty) && self.onEmpty == 'wait')",message="maxWait is only allowed with onEmpty wait",fieldPath=".maxWait"
 // +kubebuilder:validation:XValidation:rule="!has(self.key) || self.key != 'custom' || (has(self.unit) && self.unit == 'requests')",message="key custom is only allowed with unit requests: it is the application's key function",fieldPath=".key"
-// +kubebuilder:validation:XValidation:rule="!has(self.unit) || self.unit != 'requests' || self.scope != 'nodes'",message="unit requests is enforced in the Service's own processes: scope service (divided by its ready endpoints) or static, not nodes",fieldPath=".scope"
+// +kubebuilder:validation:XValidation:rule="!has(self.unit) || self.unit != 'requests' || (self.scope != 'nodes' && self.scope != 'pods')",message="unit requests is enforced in the Service's own processes: scope service (divided by its ready endpoints) or static, not nodes or pods",fieldPath=".scope"
 // +kubebuilder:validation:XValidation:rule="!has(self.unit) || self.unit != 'requests' || !has(self.key) || self.key in ['none', 'src-ip', 'src-prefix', 'custom']",message="unit requests allows key none, src-ip, src-prefix (the client's address) or custom",fieldPath=".key"
 // +kubebuilder:validation:XValidation:rule="!has(self.unit) || self.unit != 'requests' || !has(self.action) || self.action in ['drop', 'shadow']",message="unit requests allows action drop or shadow (onEmpty says whether a request fails or waits)",fieldPath=".action"
 // +kubebuilder:validation:XValidation:rule="!has(self.unit) || self.unit != 'requests' || !has(self.share) || self.share == 'equal'",message="unit requests allows share equal only",fieldPath=".share"
@@ -377,7 +379,12 @@ type RateLimitSpec struct {
 
 	// Scope is how the global rate is divided among replicas.
 	// (Optional in the file, default static; Required in Kubernetes.)
-	// static | nodes | service. In the file (no Kubernetes) only static.
+	// static | nodes | service | pods. In the file (no Kubernetes) only
+	// static. nodes divides by the ready agents; service weighs by the
+	// ready endpoints of match.service on each node, of all of them; pods
+	// weighs the same way by the ready pods match.podSelector and
+	// match.namespaceSelector choose (counted by the elected agent, which
+	// writes the count to status.replicas).
 	// +kubebuilder:validation:Required
 	Scope Scope `json:"scope,omitempty"`
 
@@ -440,8 +447,8 @@ type RateLimitSpec struct {
 	// and the allocation gives each reported key its own shares over the
 	// nodes (status.allocation.keys); every other key keeps rate /
 	// replicas on every node.
-	// (Optional) equal | demand; default equal. demand needs scope nodes
-	// or service; with a key, it is not allowed with action pace.
+	// (Optional) equal | demand; default equal. demand needs scope nodes,
+	// service or pods; with a key, it is not allowed with action pace.
 	// +kubebuilder:default=equal
 	// +optional
 	Share Share `json:"share,omitempty"`
@@ -463,14 +470,15 @@ type RateLimitSpec struct {
 	// decapsulation or DNAT. endpoints: at the host side of each local
 	// endpoint's interface (TC), which sees the traffic into and out of the
 	// endpoint after decapsulation and DNAT, same-node clients included.
-	// The endpoints are the Service's local endpoints (scope service), else
+	// The endpoints are the Service's local endpoints (scope service), the
+	// matching pods' addresses (scope pods), else
 	// the addresses in the limit's CIDRs on the endpoint's side: dstCIDRs
 	// for ingress, srcCIDRs for egress. An endpoint without an interface of
 	// its own (a hostNetwork pod) makes the whole limit fall back to the
 	// uplink, and status says so. A limit is enforced at exactly one of the
 	// two, so no packet is charged twice for it.
-	// (Optional) endpoints | uplink; default endpoints with scope service,
-	// uplink otherwise.
+	// (Optional) endpoints | uplink; default endpoints with scope service
+	// or pods, uplink otherwise.
 	// +optional
 	Attach Attach `json:"attach,omitempty"`
 }
@@ -534,7 +542,28 @@ type Match struct {
 	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?/[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`
 	// +optional
 	Service string `json:"service,omitempty"`
+
+	// PodSelector chooses pods by their labels (a standard label selector:
+	// matchLabels and matchExpressions; {} is every pod), in the namespaces
+	// namespaceSelector chooses, or in every namespace without it. The
+	// limit applies at the matching pods' interfaces, and scope pods counts
+	// the matching ready pods. Pods with hostNetwork never match: they have
+	// no interface of their own.
+	// (Optional) Only with scope pods, which requires podSelector or
+	// namespaceSelector (or both).
+	// +optional
+	PodSelector *metav1.LabelSelector `json:"podSelector,omitempty"`
+
+	// NamespaceSelector chooses namespaces by their labels: the pods in them
+	// that podSelector chooses (every pod without it) match.
+	// (Optional) Only with scope pods.
+	// +optional
+	NamespaceSelector *metav1.LabelSelector `json:"namespaceSelector,omitempty"`
 }
+
+// SelectsPods reports whether the match chooses pods by labels
+// (podSelector or namespaceSelector).
+func (m *Match) SelectsPods() bool { return m.PodSelector != nil || m.NamespaceSelector != nil }
 
 // PrefixLength is the source prefix length per address family.
 //
@@ -587,7 +616,7 @@ const (
 )
 
 // Scope is how a limit's global rate is divided among replicas.
-// +kubebuilder:validation:Enum=static;nodes;service
+// +kubebuilder:validation:Enum=static;nodes;service;pods
 type Scope string
 
 const (
@@ -598,6 +627,10 @@ const (
 	// ScopeService weighs by ready local endpoints of match.service
 	// (Kubernetes).
 	ScopeService Scope = "service"
+	// ScopePods weighs by the ready local pods that match.podSelector and
+	// match.namespaceSelector choose, of all of them in the cluster
+	// (Kubernetes).
+	ScopePods Scope = "pods"
 )
 
 // Action is what happens to a packet whose bucket is empty.
@@ -680,7 +713,7 @@ var (
 	Fallbacks   = []XDPFallback{XDPFallbackNone, XDPFallbackTC}
 	Hooks       = []EndpointHook{EndpointHookHost, EndpointHookPod}
 	Checks      = []SourceCheck{SourceCheckCount, SourceCheckDrop}
-	Scopes      = []Scope{ScopeStatic, ScopeNodes, ScopeService}
+	Scopes      = []Scope{ScopeStatic, ScopeNodes, ScopeService, ScopePods}
 	Actions     = []Action{ActionDrop, ActionShadow, ActionPace, ActionReject}
 	Directions  = []Direction{DirectionIngress, DirectionEgress}
 	Protocols   = []Protocol{ProtocolAny, ProtocolTCP, ProtocolUDP, ProtocolICMP}

@@ -9,6 +9,10 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	metav1validation "k8s.io/apimachinery/pkg/apis/meta/v1/validation"
+	fieldpath "k8s.io/apimachinery/pkg/util/validation/field"
 )
 
 // FieldError is one broken rule: the field, named by its path from the top
@@ -232,6 +236,20 @@ func (s *RateLimitSpec) validate(path string, standalone bool) []error {
 	case s.Scope == ScopeService:
 		el.add(field(mp, "service"), "required with scope service: the namespace/name of a Service")
 	}
+	switch {
+	case m.SelectsPods():
+		if s.Scope != ScopePods {
+			at := "podSelector"
+			if m.PodSelector == nil {
+				at = "namespaceSelector"
+			}
+			el.add(field(mp, at), "only with scope pods (scope is %q)", s.Scope)
+		}
+		validSelector(&el, field(mp, "podSelector"), m.PodSelector)
+		validSelector(&el, field(mp, "namespaceSelector"), m.NamespaceSelector)
+	case s.Scope == ScopePods:
+		el.add(field(mp, "podSelector"), "required with scope pods (or namespaceSelector, or both): the labels of the pods whose ready count divides the rate ({} is every pod)")
+	}
 
 	switch s.Key {
 	case KeyNone, KeySrcIP, KeyDstIP, KeySrcPrefix, KeyDstPrefix:
@@ -261,7 +279,7 @@ func (s *RateLimitSpec) validate(path string, standalone bool) []error {
 	}
 	switch s.Scope {
 	case ScopeStatic:
-	case ScopeNodes, ScopeService:
+	case ScopeNodes, ScopeService, ScopePods:
 		if standalone {
 			el.add(field(path, "scope"), "%q needs the Kubernetes watcher (run rlagent in a cluster); on one host use static", s.Scope)
 		}
@@ -297,8 +315,8 @@ func (s *RateLimitSpec) validate(path string, standalone bool) []error {
 	switch s.Share {
 	case ShareEqual:
 	case ShareDemand:
-		if s.Scope != ScopeNodes && s.Scope != ScopeService {
-			el.add(field(path, "share"), "demand needs scope nodes or service (scope is %q): the nodes report their demands and read the allocation through the cluster", s.Scope)
+		if s.Scope != ScopeNodes && s.Scope != ScopeService && s.Scope != ScopePods {
+			el.add(field(path, "share"), "demand needs scope nodes, service or pods (scope is %q): the nodes report their demands and read the allocation through the cluster", s.Scope)
 		}
 		if s.Action == ActionPace && s.Key != KeyNone {
 			el.add(field(path, "share"), "demand with a key (%q) cannot pace: a paced limit's departure times are kept per limit, not per key share; use share equal, or key none", s.Key)
@@ -323,13 +341,13 @@ func (s *RateLimitSpec) validate(path string, standalone bool) []error {
 	case AttachEndpoints:
 		// Without a Service the endpoints are the addresses on the
 		// endpoint's side of the match.
-		if m.Service == "" && s.Scope != ScopeService {
+		if m.Service == "" && s.Scope != ScopeService && s.Scope != ScopePods {
 			side, list := "dstCIDRs", m.DstCIDRs
 			if m.Direction == DirectionEgress {
 				side, list = "srcCIDRs", m.SrcCIDRs
 			}
 			if len(list) == 0 {
-				el.add(field(path, "attach"), "endpoints without match.service takes the endpoint addresses from match.%s (the endpoint's side of a %s limit): list them, or use attach uplink", side, m.Direction)
+				el.add(field(path, "attach"), "endpoints without match.service or scope pods takes the endpoint addresses from match.%s (the endpoint's side of a %s limit): list them, or use attach uplink", side, m.Direction)
 			}
 		}
 	default:
@@ -343,8 +361,8 @@ func (s *RateLimitSpec) validate(path string, standalone bool) []error {
 // static), so the fields of the packet path do not apply.
 func (s *RateLimitSpec) validateRequests(path string) []error {
 	var el errorList
-	if s.Scope == ScopeNodes {
-		el.add(field(path, "scope"), "unit requests is enforced in the Service's own processes: scope service (divided by its ready endpoints) or static, not nodes")
+	if s.Scope == ScopeNodes || s.Scope == ScopePods {
+		el.add(field(path, "scope"), "unit requests is enforced in the Service's own processes: scope service (divided by its ready endpoints) or static, not %s", s.Scope)
 	}
 	m, mp := &s.Match, field(path, "match")
 	if m.Direction != DirectionIngress || m.Protocol != ProtocolAny || len(m.DstPorts) > 0 || len(m.SrcCIDRs) > 0 || len(m.DstCIDRs) > 0 {
@@ -550,4 +568,21 @@ func choices[T ~string](valid []T) string {
 		s[i] = string(v)
 	}
 	return strings.Join(s, ", ")
+}
+
+// validSelector checks a label selector as the API server checks a
+// NetworkPolicy's: label keys and values, operators and their values.
+func validSelector(el *errorList, at string, sel *metav1.LabelSelector) {
+	if sel == nil {
+		return
+	}
+	errs := metav1validation.ValidateLabelSelector(sel, metav1validation.LabelSelectorValidationOptions{}, fieldpath.NewPath(at))
+	for _, e := range errs {
+		el.add(e.Field, "%s", e.ErrorBody())
+	}
+	if len(errs) == 0 {
+		if _, err := metav1.LabelSelectorAsSelector(sel); err != nil {
+			el.add(at, "%v", err)
+		}
+	}
 }

@@ -183,6 +183,35 @@ func TestValidateRules(t *testing.T) {
 		}, "limits[0].match.service", []string{`"kube-dns" is not namespace/name`}},
 		{"scope service without service", func(c *Config) { limit(c, 0).Scope = ScopeService },
 			"limits[0].match.service", []string{"required with scope service"}},
+		{"pod selector without scope pods", func(c *Config) {
+			limit(c, 0).Match.PodSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}
+		}, "limits[0].match.podSelector", []string{`only with scope pods (scope is "static")`}},
+		{"namespace selector without scope pods", func(c *Config) {
+			limit(c, 0).Match.NamespaceSelector = &metav1.LabelSelector{}
+		}, "limits[0].match.namespaceSelector", []string{`only with scope pods (scope is "static")`}},
+		{"scope pods without selectors", func(c *Config) { limit(c, 0).Scope = ScopePods },
+			"limits[0].match.podSelector", []string{"required with scope pods", "namespaceSelector"}},
+		{"pod selector bad label value", func(c *Config) {
+			limit(c, 0).Scope = ScopePods
+			limit(c, 0).Match.PodSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"app": "not a value!"}}
+		}, "limits[0].match.podSelector.matchLabels", []string{"Invalid value", "not a value!"}},
+		{"pod selector bad label key", func(c *Config) {
+			limit(c, 0).Scope = ScopePods
+			limit(c, 0).Match.PodSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"-app": "web"}}
+		}, "limits[0].match.podSelector.matchLabels", []string{"Invalid value", "-app"}},
+		{"namespace selector bad operator", func(c *Config) {
+			limit(c, 0).Scope = ScopePods
+			limit(c, 0).Match.NamespaceSelector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "team", Operator: "Like", Values: []string{"a"}}}}
+		}, "limits[0].match.namespaceSelector.matchExpressions[0].operator", []string{`"Like"`, "not a valid selector operator"}},
+		{"namespace selector In without values", func(c *Config) {
+			limit(c, 0).Scope = ScopePods
+			limit(c, 0).Match.NamespaceSelector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "team", Operator: metav1.LabelSelectorOpIn}}}
+		}, "limits[0].match.namespaceSelector.matchExpressions[0].values", []string{"must be specified when `operator` is 'In' or 'NotIn'"}},
+		{"scope pods with service", func(c *Config) {
+			limit(c, 0).Scope = ScopePods
+			limit(c, 0).Match.PodSelector = &metav1.LabelSelector{}
+			limit(c, 0).Match.Service = "shop/web"
+		}, "limits[0].match.service", []string{`only with scope service (scope is "pods")`}},
 
 		// Key and prefix length.
 		{"key unknown", func(c *Config) { limit(c, 0).Key = "source" },
@@ -255,7 +284,7 @@ func TestValidateRules(t *testing.T) {
 		{"share unknown", func(c *Config) { limit(c, 0).Share = "fair" },
 			"limits[0].share", []string{`"fair" is not one of equal, demand`}},
 		{"share demand with scope static", func(c *Config) { limit(c, 0).Share = ShareDemand },
-			"limits[0].share", []string{"demand needs scope nodes or service", `"static"`}},
+			"limits[0].share", []string{"demand needs scope nodes, service or pods", `"static"`}},
 		{"demand interval too short", func(c *Config) { c.DemandShares.Interval = &metav1.Duration{Duration: time.Millisecond} },
 			"demandShares.interval", []string{"1ms is not in 1s..10m0s"}},
 		{"demand stale age below 3 intervals", func(c *Config) { c.DemandShares.StaleAfter = &metav1.Duration{Duration: 30 * time.Second} },

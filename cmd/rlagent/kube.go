@@ -65,7 +65,7 @@ type clusterFlags struct {
 
 func (c *clusterFlags) register(cmd *cobra.Command) {
 	c.kubeFlags.register(cmd)
-	cmd.Flags().StringVar(&c.node, "node-name", os.Getenv("NODE_NAME"), "this node's name, for the service scope (default $NODE_NAME)")
+	cmd.Flags().StringVar(&c.node, "node-name", os.Getenv("NODE_NAME"), "this node's name, for the scopes service and pods (default $NODE_NAME)")
 	cmd.Flags().StringVar(&c.ns, "agent-namespace", os.Getenv("POD_NAMESPACE"),
 		"namespace of the agents' DaemonSet (the nodes scope's count) and of the Lease that elects the status writer (default $POD_NAMESPACE)")
 	cmd.Flags().StringVar(&c.daemonSet, "agent-daemonset", "rlagent", "the agents' DaemonSet: the nodes scope divides by its ready pods (status.numberReady)")

@@ -62,6 +62,8 @@ func newLimitsSetCmd(config *string, kube *kubeFlags) *cobra.Command {
 		attachTo string
 		horizon  time.Duration
 		share    string
+		podSel   string
+		nsSel    string
 	)
 	cmd := &cobra.Command{
 		Use:   "set NAME",
@@ -76,7 +78,10 @@ rate / replicas.`,
       --src-cidrs 10.0.0.0/8,192.168.0.0/16 --action shadow
   # 100 Mbit/s of backups leaving the uplinks, paced (delayed, not dropped) for up to 200 ms
   rlagent limits set backup --rate 12500000 --unit bytes --burst 1000000 --direction egress \
-      --protocol tcp --dst-cidrs 10.20.0.0/16 --action pace --horizon 200ms`,
+      --protocol tcp --dst-cidrs 10.20.0.0/16 --action pace --horizon 200ms
+  # 5,000 new connections per second to the web pods of the prod namespaces, except the canaries
+  rlagent limits set web --rate 5000 --unit connections --protocol tcp --dst-ports 443 --scope pods \
+      --pod-selector 'app=web,!canary' --namespace-selector 'env in (prod)' --kubeconfig ~/.kube/config`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			spec.Unit = v1alpha1.Unit(unit)
@@ -96,13 +101,28 @@ rate / replicas.`,
 			if cmd.Flags().Changed("horizon") {
 				spec.Horizon = &metav1.Duration{Duration: horizon}
 			}
+			var err error
+			if spec.Match.PodSelector, err = selectorFlag(cmd, "pod-selector", podSel); err != nil {
+				return err
+			}
+			if spec.Match.NamespaceSelector, err = selectorFlag(cmd, "namespace-selector", nsSel); err != nil {
+				return err
+			}
 			if rc, err := kube.config(); err != nil {
 				return err
 			} else if rc != nil {
 				if spec.Scope == "" {
-					return fmt.Errorf("--scope: required in a cluster: one of %s, %s, %s", v1alpha1.ScopeNodes, v1alpha1.ScopeService, v1alpha1.ScopeStatic)
+					scopes := make([]string, len(v1alpha1.Scopes))
+					for i, s := range v1alpha1.Scopes {
+						scopes[i] = string(s)
+					}
+					return fmt.Errorf("--scope: required in a cluster: one of %s", strings.Join(scopes, ", "))
 				}
 				obj, err := kubeSet(cmd.Context(), rc, args[0], &spec, dryRun)
+				if err == nil && spec.Scope == v1alpha1.ScopePods {
+					printWarnings(cmd.ErrOrStderr(), []string{"scope pods: pods with hostNetwork never match (they have no interface of their own) and are not counted; " +
+						"the Accepted condition names those the selectors choose (kubectl get rl " + args[0] + " -o yaml)"})
+				}
 				if err != nil || !dryRun {
 					return err
 				}
@@ -133,12 +153,14 @@ rate / replicas.`,
 	f.StringVar(&key, "key", "none", "how traffic splits into buckets: none, src-ip, dst-ip, src-prefix, dst-prefix, dst-port")
 	f.Uint8Var(&prefix4, "prefix-v4", 0, "with --key src-prefix or dst-prefix: IPv4 prefix length (default 24)")
 	f.Uint8Var(&prefix6, "prefix-v6", 0, "with --key src-prefix or dst-prefix: IPv6 prefix length (default 64)")
-	f.StringVar(&attachTo, "attach", "", "where the limit is enforced: uplink (the config's interfaces), endpoints (each local endpoint's interface; the endpoints are the --dst-cidrs of an ingress limit, the --src-cidrs of an egress one, or the Service's); default endpoints with --scope service, else uplink")
+	f.StringVar(&attachTo, "attach", "", "where the limit is enforced: uplink (the config's interfaces), endpoints (each local endpoint's interface; the endpoints are the Service's with --scope service, the matching pods' with --scope pods, else the --dst-cidrs of an ingress limit or the --src-cidrs of an egress one); default endpoints with --scope service or pods, else uplink")
 	f.StringVar(&action, "action", "drop", "over the limit: drop, shadow (count and pass), pace (delay until the tokens accrue; --direction egress at the uplinks only, and the uplinks need the fq qdisc: see the config's manageQdisc), reject (drop, and answer a TCP SYN with a RST and a UDP datagram with an ICMP port unreachable, within the config's rejectBudget; --direction ingress; at --attach endpoints dropped unanswered)")
 	f.DurationVar(&horizon, "horizon", 0, "with --action pace: the longest a packet may wait, 1ms..4s; beyond it the packet is dropped (default 100ms)")
-	f.StringVar(&scope, "scope", "", "how the rate is divided: static (by the config's count; the default in a file); in a cluster also nodes (by the ready agents), service (by the Service's ready endpoints, --service)")
-	f.StringVar(&share, "share", "equal", "in a cluster, how the rate is divided among the nodes: equal (by the count), demand (by what each node asks for; --scope nodes or service, --key none; see docs/kubernetes.md)")
+	f.StringVar(&scope, "scope", "", "how the rate is divided: static (by the config's count; the default in a file); in a cluster also nodes (by the ready agents), service (by the Service's ready endpoints, --service), pods (by the ready pods --pod-selector and --namespace-selector choose)")
+	f.StringVar(&share, "share", "equal", "in a cluster, how the rate is divided among the nodes: equal (by the count), demand (by what each node asks for; --scope nodes, service or pods, --key none; see docs/kubernetes.md)")
 	f.StringVar(&spec.Match.Service, "service", "", "with --scope service: the Service, namespace/name")
+	f.StringVar(&podSel, "pod-selector", "", "with --scope pods: the pods' labels, as kubectl takes them (app=web,tier in (a,b),!canary; '' is every pod), in every namespace or in those --namespace-selector chooses")
+	f.StringVar(&nsSel, "namespace-selector", "", "with --scope pods: the namespaces' labels, in the same syntax; the pods in them match (those --pod-selector chooses, if given)")
 	f.StringVar(&dir, "direction", "ingress", "match: ingress, egress")
 	f.StringVar(&proto, "protocol", "any", "match: any, tcp, udp, icmp")
 	f.StringSliceVar(&spec.Match.DstPorts, "dst-ports", nil, "match: destination ports or ranges, e.g. 53,8000-8080")
@@ -286,6 +308,25 @@ func editConfig(cmd *cobra.Command, path string, dryRun bool, change func(*v1alp
 	return nil
 }
 
+// selectorSyntax is the syntax of --pod-selector and --namespace-selector,
+// shown when one does not parse. != is not in it: a LabelSelector has no
+// such operator (key notin (v) says the same).
+const selectorSyntax = "key=value, key in (v1,v2), key notin (v1,v2), key (has the label), !key (has not), joined by commas: app=web,tier in (a,b),!canary"
+
+// selectorFlag parses the label selector given to the flag name (kubectl's
+// syntax, parsed by apimachinery as kubectl does), or returns nil when the
+// flag is not given: an empty one is {}, every pod or namespace.
+func selectorFlag(cmd *cobra.Command, name, value string) (*metav1.LabelSelector, error) {
+	if !cmd.Flags().Changed(name) {
+		return nil, nil
+	}
+	sel, err := metav1.ParseToLabelSelector(value)
+	if err != nil {
+		return nil, fmt.Errorf("--%s: %w; a label selector is %s", name, err, selectorSyntax)
+	}
+	return sel, nil
+}
+
 func names(c *v1alpha1.Config) string {
 	if len(c.Limits) == 0 {
 		return "none"
@@ -311,5 +352,21 @@ func matchString(m *v1alpha1.Match) string {
 	if m.Service != "" {
 		parts = append(parts, "service "+m.Service)
 	}
+	if m.SelectsPods() {
+		parts = append(parts, "pods "+selectorString(m.PodSelector))
+		if m.NamespaceSelector != nil {
+			parts = append(parts, "in namespaces "+selectorString(m.NamespaceSelector))
+		}
+	}
 	return strings.Join(parts, " ")
+}
+
+// selectorString is a label selector in kubectl's syntax. {} and a nil
+// podSelector beside a namespaceSelector choose every pod, which
+// FormatLabelSelector would print as "<none>": the opposite.
+func selectorString(sel *metav1.LabelSelector) string {
+	if sel == nil || len(sel.MatchLabels) == 0 && len(sel.MatchExpressions) == 0 {
+		return "(all)"
+	}
+	return metav1.FormatLabelSelector(sel)
 }

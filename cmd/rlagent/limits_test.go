@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/rlagent/rlagent/api/v1alpha1"
 	"github.com/rlagent/rlagent/internal/testenv"
 	"github.com/rlagent/rlagent/maps"
@@ -202,5 +204,75 @@ func TestLimitsSetConcurrent(t *testing.T) {
 	st := fi.Sys().(*syscall.Stat_t)
 	if fi.Mode().Perm() != 0o640 || st.Uid != 0 || st.Gid != 65534 {
 		t.Errorf("file mode %v, owner %d, group %d; want -rw-r----- 0 65534 kept", fi.Mode().Perm(), st.Uid, st.Gid)
+	}
+}
+
+// A selector that does not parse is an error that names its flag and shows
+// the syntax, before anything is read or written. Scope pods without a
+// selector, or a selector without scope pods, fails as the config's
+// validation says, naming the field; the file is left as it was.
+func TestLimitsSetSelectorErrors(t *testing.T) {
+	path := oldConfig(t, "interfaces: [eth0]\nmetricsAddress: \"off\"\n")
+	before := stateOf(t, path)
+	for _, tc := range []struct {
+		name string
+		args []string
+		want []string
+	}{
+		{"unclosed list", []string{"--scope", "pods", "--pod-selector", "tier in (a"},
+			[]string{"--pod-selector: ", `"tier in (a"`, selectorSyntax}},
+		{"no != in a LabelSelector", []string{"--scope", "pods", "--pod-selector", "app=web", "--namespace-selector", "env!=dev"},
+			[]string{"--namespace-selector: ", `"!=" is not a valid label selector operator`, selectorSyntax}},
+		{"bad label key", []string{"--scope", "pods", "--pod-selector", "-app=web"},
+			[]string{"--pod-selector: ", selectorSyntax}},
+		{"scope pods without a selector", []string{"--scope", "pods"},
+			[]string{path + " unchanged: ", "limits[0].match.podSelector: required with scope pods"}},
+		{"a selector without scope pods", []string{"--pod-selector", "!canary"},
+			[]string{path + " unchanged: ", "limits[0].match.podSelector: only with scope pods"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := rlagent(t, append([]string{"limits", "set", "web", "--rate", "100", "--config", path}, tc.args...)...)
+			if r.code != 1 {
+				t.Errorf("exit %d, want 1\n%s", r.code, r.stderr)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(r.stderr, w) {
+					t.Errorf("stderr %q does not say %q", r.stderr, w)
+				}
+			}
+			if after := stateOf(t, path); !after.equal(before) {
+				t.Errorf("the config changed:\n%s", after.data)
+			}
+		})
+	}
+}
+
+// The MATCH column of limits list says which pods a limit chooses, in
+// kubectl's syntax; a selector that chooses every pod reads so, not
+// "<none>" as metav1.FormatLabelSelector would have it.
+func TestMatchStringSelectors(t *testing.T) {
+	web := &metav1.LabelSelector{
+		MatchLabels: map[string]string{"app": "web"},
+		MatchExpressions: []metav1.LabelSelectorRequirement{
+			{Key: "tier", Operator: metav1.LabelSelectorOpIn, Values: []string{"a", "b"}},
+			{Key: "canary", Operator: metav1.LabelSelectorOpDoesNotExist},
+		},
+	}
+	prod := &metav1.LabelSelector{MatchLabels: map[string]string{"env": "prod"}}
+	for _, tc := range []struct {
+		name string
+		m    v1alpha1.Match
+		want string
+	}{
+		{"pods", v1alpha1.Match{PodSelector: web}, "ingress tcp port 80 pods app=web,!canary,tier in (a,b)"},
+		{"pods in namespaces", v1alpha1.Match{PodSelector: web, NamespaceSelector: prod}, "ingress tcp port 80 pods app=web,!canary,tier in (a,b) in namespaces env=prod"},
+		{"every pod", v1alpha1.Match{PodSelector: &metav1.LabelSelector{}}, "ingress tcp port 80 pods (all)"},
+		{"every pod in namespaces", v1alpha1.Match{NamespaceSelector: prod}, "ingress tcp port 80 pods (all) in namespaces env=prod"},
+		{"no selector", v1alpha1.Match{}, "ingress tcp port 80"},
+	} {
+		tc.m.Direction, tc.m.Protocol, tc.m.DstPorts = v1alpha1.DirectionIngress, v1alpha1.ProtocolTCP, []string{"80"}
+		if got := matchString(&tc.m); got != tc.want {
+			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
+		}
 	}
 }

@@ -332,7 +332,7 @@ state = %q
     conf_dir = %q
 [plugins."io.containerd.internal.v1.opt"]
   path = %q
-`, root, state, n.sock, pauseImage, filepath.Join(state, "runc"), cni, filepath.Join(root, "opt"))
+`, root, state, n.sock, PauseImage, filepath.Join(state, "runc"), cni, filepath.Join(root, "opt"))
 	path := filepath.Join(n.dir, "containerd.toml")
 	if err := os.WriteFile(path, []byte(config), 0o644); err != nil {
 		n.tb.Fatal(err)
@@ -353,8 +353,9 @@ state = %q
 	}
 }
 
-// pauseImage is the sandbox image: this package's pause program.
-const pauseImage = "registry.k8s.io/pause:k8stest"
+// PauseImage is the sandbox image: this package's pause program. A
+// test may run it as a pod's container too (a pod that does nothing).
+const PauseImage = "registry.k8s.io/pause:k8stest"
 
 func (n *Node) importPause() {
 	n.tb.Helper()
@@ -364,7 +365,7 @@ func (n *Node) importPause() {
 	if out, err := build.CombinedOutput(); err != nil {
 		n.tb.Fatalf("build the pause program: %v\n%s", err, out)
 	}
-	tar := BuildImage(n.tb, bin, "pause", strings.Split(pauseImage, ":")[0], strings.Split(pauseImage, ":")[1], filepath.Join(n.dir, "pause-image"))
+	tar := BuildImage(n.tb, bin, "pause", strings.Split(PauseImage, ":")[0], strings.Split(PauseImage, ":")[1], filepath.Join(n.dir, "pause-image"))
 	n.ImportImage(tar)
 }
 

@@ -65,6 +65,16 @@ func NewNS(name string) (*NS, error) {
 	return ns, nil
 }
 
+// OpenNS opens the network namespace at path (/proc/PID/ns/net, a pod's):
+// one the caller did not create, which Close leaves in place.
+func OpenNS(name, path string) (*NS, error) {
+	h, err := netns.GetFromPath(path)
+	if err != nil {
+		return nil, fmt.Errorf("open network namespace %s at %s: %w", name, path, err)
+	}
+	return &NS{Name: name, h: h}, nil
+}
+
 // Close releases the handle. The namespace goes away once nothing else
 // (a socket, a process) uses it. Close is idempotent.
 func (ns *NS) Close() error {

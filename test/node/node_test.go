@@ -48,7 +48,8 @@ const capEff = 1<<12 | 1<<38 | 1<<39
 // CAP_NET_ADMIN and CAP_PERFMON effective, with its ServiceAccount's RBAC
 // (its status writes and the count from its DaemonSet work); it enforces a
 // RateLimit on real traffic within 5%; scope service counts the slice the
-// controller-manager writes; readiness follows the attach state;
+// controller-manager writes; a limit of scope pods, chosen by labels, is
+// enforced at a real pod's interface within 5% of its share; readiness follows the attach state;
 // `rlagent status` works through kubectl exec; a rolling update to another
 // image keeps enforcing (no 100 ms bin above share + burst, none empty while
 // load is offered) and the new pod adopts the pins; an update that changes
@@ -225,6 +226,8 @@ spec:
 		t.Errorf("the Service's EndpointSlices are managed by %q, want one by endpointslice-controller.k8s.io", managedBy)
 	}
 	n.Kubectl("delete", "-f", svc)
+
+	podSelectorLimit(t, n, pod)
 
 	// Readiness follows the attach state: one of the interfaces goes, and
 	// comes back.
