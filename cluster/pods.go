@@ -7,7 +7,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
@@ -49,8 +51,18 @@ func startPodCounter(ctx context.Context, client kubernetes.Interface, changed f
 		return nil, err
 	}
 	go c.namespaces.RunWithContext(ctx)
-	r := cache.NewReflectorWithOptions(lw("pods", func(o *metav1.ListOptions) { o.FieldSelector = watcher.NotHostNetwork }),
-		&corev1.Pod{}, c.pods, cache.ReflectorOptions{Name: "rlagent pod count"})
+	pods := client.CoreV1().Pods(metav1.NamespaceAll)
+	r := cache.NewReflectorWithOptions(&cache.ListWatch{
+		// The list in pages, each kept as records and let go: a whole
+		// list of the cluster's pods at once would be hundreds of MB.
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			return c.pods.listPaged(ctx, pods.List, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.FieldSelector = watcher.NotHostNetwork
+			return pods.Watch(ctx, o)
+		},
+	}, &corev1.Pod{}, c.pods, cache.ReflectorOptions{Name: "rlagent pod count"})
 	go r.RunWithContext(ctx)
 	go func() {
 		if cache.WaitForCacheSync(ctx.Done(), c.pods.HasSynced, c.namespaces.HasSynced) {

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"runtime"
@@ -213,3 +214,53 @@ func BenchmarkPodCount(b *testing.B) {
 }
 
 func nowNano() int64 { return time.Now().UnixNano() }
+
+// TestPodStoreListPaged: the list is asked for in pages of podPage, as a
+// consistent list (no resourceVersion) of the pods that can match; the
+// pages' pods are staged and put in place by the Reflector's Replace with
+// the empty list listPaged returns, at the first page's resource version.
+func TestPodStoreListPaged(t *testing.T) {
+	const n = 1234
+	var asked []metav1.ListOptions
+	list := func(_ context.Context, o metav1.ListOptions) (*corev1.PodList, error) {
+		asked = append(asked, o)
+		from := 0
+		if o.Continue != "" {
+			fmt.Sscan(o.Continue, &from)
+		}
+		l := &corev1.PodList{ListMeta: metav1.ListMeta{ResourceVersion: "42"}}
+		for i := from; i < min(from+int(o.Limit), n); i++ {
+			l.Items = append(l.Items, *testPod(i))
+		}
+		if from+int(o.Limit) < n {
+			l.Continue = fmt.Sprint(from + int(o.Limit))
+		}
+		return l, nil
+	}
+	s := newPodStore(testNamespaces(t), func() {})
+	obj, err := s.listPaged(t.Context(), list, metav1.ListOptions{ResourceVersion: "0", Limit: 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := obj.(*corev1.PodList)
+	if len(got.Items) != 0 || got.ResourceVersion != "42" {
+		t.Errorf("listPaged returned %d pods at %q, want none at 42", len(got.Items), got.ResourceVersion)
+	}
+	if len(asked) != 3 {
+		t.Fatalf("%d pages asked for, want 3", len(asked))
+	}
+	for i, o := range asked {
+		if o.Limit != podPage || o.ResourceVersion != "" || o.FieldSelector != watcher.NotHostNetwork {
+			t.Errorf("page %d asked with %+v, want limit %d, no resourceVersion, field selector %s", i, o, podPage, watcher.NotHostNetwork)
+		}
+	}
+	if s.HasSynced() || len(s.pods) != 0 {
+		t.Errorf("the staged pods are in place before Replace")
+	}
+	if err := s.Replace(nil, "42"); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := s.count(podsLimit("all", v1alpha1.Match{PodSelector: &metav1.LabelSelector{}})); n != 1234 || !s.HasSynced() {
+		t.Errorf("after Replace: %d pods counted (synced %v), want 1234", n, s.HasSynced())
+	}
+}

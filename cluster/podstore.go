@@ -1,12 +1,15 @@
 package cluster
 
 import (
+	"context"
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/pager"
 
 	"github.com/rlagent/rlagent/api/v1alpha1"
 	"github.com/rlagent/rlagent/watcher"
@@ -31,6 +34,49 @@ type podStore struct {
 	counts map[string]*podCount // by limit name
 	nsGen  uint64               // namespace changes seen
 	synced bool                 // listed once
+	// staged is the pods of a list made in pages (listPaged), until the
+	// Reflector's Replace puts them in place.
+	staged *podStore
+}
+
+// podPage is how many pods a page of the paged list holds.
+const podPage = 500
+
+// listPaged lists the pods that can match in pages of podPage, keeping
+// each as a record (staged) and letting the page go, and returns an empty
+// list at the list's resource version: the Reflector's Replace with it
+// puts the staged records in place, and its watch starts from there. A
+// list of all the pods of a 5,000-node cluster at once, as a Reflector
+// makes it, would hold every pod whole (kilobytes each) at one time.
+func (s *podStore) listPaged(ctx context.Context, list func(context.Context, metav1.ListOptions) (*corev1.PodList, error),
+	o metav1.ListOptions) (runtime.Object, error) {
+	// A consistent list, in pages (a list at resourceVersion 0 comes from
+	// the watch cache in one piece, whatever the limit).
+	o.FieldSelector = watcher.NotHostNetwork
+	o.ResourceVersion, o.ResourceVersionMatch, o.Limit, o.Continue = "", "", podPage, ""
+	staged := newPodStore(s.nss, func() {})
+	var rv string
+	p := pager.New(func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+		l, err := list(ctx, o)
+		if err == nil && rv == "" {
+			rv = l.ResourceVersion
+		}
+		return l, err
+	})
+	p.PageBufferSize = 1
+	err := p.EachListItem(ctx, o, func(obj runtime.Object) error {
+		if pod, ok := obj.(*corev1.Pod); ok {
+			staged.put(pod.Namespace+"/"+pod.Name, pod)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	s.staged = staged
+	s.mu.Unlock()
+	return &corev1.PodList{ListMeta: metav1.ListMeta{ResourceVersion: rv}}, nil
 }
 
 // podRecord is what the store keeps of a pod.
@@ -204,10 +250,14 @@ func (s *podStore) Delete(obj any) error {
 	return nil
 }
 
-// Replace is a relist: every pod anew, every count made afresh.
+// Replace is a relist: every pod anew (those listPaged staged, and those
+// of list), every count made afresh.
 func (s *podStore) Replace(list []any, _ string) error {
 	s.mu.Lock()
 	s.pods, s.shared, s.counts = make(map[string]podRecord, len(list)), make(map[string]*sharedLabels), make(map[string]*podCount)
+	if st := s.staged; st != nil {
+		s.pods, s.shared, s.staged = st.pods, st.shared, nil
+	}
 	for _, obj := range list {
 		if p, key, ok := podOf(obj); ok {
 			s.put(key, p)
