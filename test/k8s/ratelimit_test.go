@@ -73,7 +73,7 @@ func TestSchemaRejectsInvalid(t *testing.T) {
 		{"share-unknown", map[string]any{"rate": 10, "scope": "nodes", "share": "fair", "match": udp},
 			[]string{`spec.share: Unsupported value: "fair"`, `"equal", "demand"`}},
 		{"share-demand-static", map[string]any{"rate": 10, "scope": "static", "share": "demand", "match": udp},
-			[]string{"spec.share", "share demand needs scope nodes or service"}},
+			[]string{"spec.share", "share demand needs scope nodes, service or pods"}},
 		{"share-demand-keyed-pace", map[string]any{"rate": 10, "scope": "nodes", "share": "demand", "action": "pace", "key": "dst-ip",
 			"match": map[string]any{"direction": "egress"}},
 			[]string{"spec.share", "share demand with a key cannot pace"}},
