@@ -119,8 +119,9 @@ type hostNetNote struct {
 // interface of their own, never match, and are not counted ("" if none).
 // The counter's watch leaves them out, so it asks the API server: one
 // list, filtered by the podSelector and spec.hostNetwork=true, once per
-// generation of the spec (a hostNetwork pod that comes later is not
-// noted until the spec changes or another agent leads).
+// generation of the spec, their namespaces' labels read from the
+// counter's watch (a hostNetwork pod that comes later is not noted until
+// the spec changes or another agent leads).
 func (w *StatusWriter) hostNetworkNote(ctx context.Context, l *v1alpha1.Limit, uid types.UID, generation int64) string {
 	w.mu.Lock()
 	n, ok := w.hostNet[l.Name]
@@ -140,26 +141,20 @@ func (w *StatusWriter) hostNetworkNote(ctx context.Context, l *v1alpha1.Limit, u
 		}
 		o.LabelSelector = s.String()
 	}
-	client := w.k.Config().Client
-	pods, err := client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, o)
+	// The namespaces' labels from the counter's watch, once it listed
+	// them (until then, asked again at the next sync).
+	c := w.podCounter()
+	if c == nil || !c.namespaces.HasSynced() {
+		return ""
+	}
+	pods, err := w.k.Config().Client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, o)
 	if err != nil {
 		w.log.Debug("hostNetwork pods not listed", "limit", l.Name, "error", err)
 		return "" // asked again at the next sync
 	}
-	nsLabels := make(map[string]map[string]string)
 	var chosen []string
 	for _, p := range pods.Items {
-		labels, known := nsLabels[p.Namespace], true
-		if sel.NeedsNamespaces() {
-			if _, seen := nsLabels[p.Namespace]; !seen {
-				ns, err := client.CoreV1().Namespaces().Get(ctx, p.Namespace, metav1.GetOptions{ResourceVersion: "0"})
-				if err == nil {
-					nsLabels[p.Namespace] = ns.Labels
-				}
-			}
-			labels, known = nsLabels[p.Namespace]
-		}
-		if sel.Matches(p.Labels, labels, known) {
+		if sel.MatchesIn(p.Labels, p.Namespace, c.namespaces.GetStore()) {
 			chosen = append(chosen, p.Namespace+"/"+p.Name)
 		}
 	}

@@ -142,15 +142,7 @@ func (s *podStore) forget(keep func(name string) bool) {
 
 // matches reports whether r counts for c. Callers hold s.mu.
 func (s *podStore) matches(c *podCount, r podRecord) bool {
-	if !r.counts {
-		return false
-	}
-	var nsLabels map[string]string
-	known := true
-	if c.sel.NeedsNamespaces() {
-		nsLabels, known = watcher.NamespaceLabels(s.nss, r.ns)
-	}
-	return c.sel.Matches(r.labels.set, nsLabels, known)
+	return r.counts && c.sel.MatchesIn(r.labels.set, r.ns, s.nss)
 }
 
 // namespacesChanged has the counts that read namespaces made afresh.

@@ -131,6 +131,19 @@ func SlimNamespace(obj any) (any, error) {
 	}}, nil
 }
 
+// MatchesIn reports whether a pod with podLabels in namespace is chosen,
+// the namespace's labels read (when the selection needs them) from nss, a
+// namespace informer's store: the one rule of the agents' placement and
+// the elected agent's count.
+func (s PodSelection) MatchesIn(podLabels map[string]string, namespace string, nss cache.Store) bool {
+	var nsLabels map[string]string
+	known := true
+	if s.NeedsNamespaces() {
+		nsLabels, known = NamespaceLabels(nss, namespace)
+	}
+	return s.Matches(podLabels, nsLabels, known)
+}
+
 // NamespaceLabels reads a namespace's labels from a namespace informer's
 // store; known is false when the store has no such namespace.
 func NamespaceLabels(store cache.Store, name string) (_ map[string]string, known bool) {
@@ -231,12 +244,7 @@ func (k *Kubernetes) localPods(l *v1alpha1.Limit) (n int, local []Endpoint) {
 		if !ok || p.Spec.NodeName != k.cfg.NodeName || !CountsPod(p) {
 			continue
 		}
-		var nsLabels map[string]string
-		known := true
-		if sel.NeedsNamespaces() {
-			nsLabels, known = NamespaceLabels(nss.GetStore(), p.Namespace)
-		}
-		if !sel.Matches(p.Labels, nsLabels, known) {
+		if !sel.MatchesIn(p.Labels, p.Namespace, nss.GetStore()) {
 			continue
 		}
 		n++
