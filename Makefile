@@ -276,17 +276,17 @@ vmtest: deps-vm ## as root: bpf/, maps/ and test/e2e/ in a VM per kernel of KERN
 	CGO_ENABLED=0 $(GO) build -ldflags '-X main.version=$(VERSION)' -o $(VMTEST_BIN)/rlagent ./cmd/rlagent
 	CGO_ENABLED=0 $(GO) build -o $(VMTEST_BIN)/vminit ./test/vmtests/cmd/vminit
 	$(GO) build -o $(VMTEST_BIN)/vmtest ./test/vmtests/cmd/vmtest
-	@status=0; for k in $(KERNELS); do \
+	@rm -f $(VMTEST_BIN)/summary.txt; status=0; for k in $(KERNELS); do \
 		case " $(VMTEST_ALL) " in \
 		*" $$k "*) suites="-suite '$(VMTEST_BIN)/bpf.test $(VMTEST_TESTFLAGS)' -suite '$(VMTEST_BIN)/maps.test $(VMTEST_TESTFLAGS)' \
 			-suite '$(VMTEST_BIN)/e2e.test $(VMTEST_TESTFLAGS) -test.skip $(VMTEST_E2E_SKIP)'";; \
 		*) suites="-suite '$(VMTEST_BIN)/e2e.test $(VMTEST_TESTFLAGS) -test.run $(VMTEST_E2E_RUN)'";; \
 		esac; \
-		eval $(VMTEST_BIN)/vmtest -kernel $$k -timeout 32m -init $(VMTEST_BIN)/vminit \
+		eval $(VMTEST_BIN)/vmtest -kernel $$k -timeout 32m -init $(VMTEST_BIN)/vminit -summary $(VMTEST_BIN)/summary.txt \
 			$(addprefix -module ,$(VMTEST_MODULES)) \
 			-rlagent $(VMTEST_BIN)/rlagent -env RLAGENT_E2E_GLOBAL_RATE=$(VMTEST_RATE) -env RLAGENT_VMTEST=1 \
 			$$suites || status=1; \
-	done; exit $$status
+	done; echo 'vmtest: every kernel:'; cat $(VMTEST_BIN)/summary.txt 2>/dev/null; exit $$status
 
 clean: ## remove bin/ and bench.out
 	rm -rf bin/ bench.out

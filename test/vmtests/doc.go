@@ -7,7 +7,11 @@
 // modules the suites need (veth) and a manifest saying what to run.
 // /init mounts proc, sysfs, devtmpfs, bpffs, debugfs, tracefs and tmpfs,
 // loads the modules, runs the suites and reports on the serial console in
-// lines that Report parses; then it powers the VM off. cmd/vmtest is the
+// lines that Report parses; then it powers the VM off. A suite whose
+// tests failed by name (at most MaxRerun of them) has those tests run once
+// more, and the rerun's status is the suite's: a guest under emulation is
+// now and then starved by its host for long enough to miss a rate bound,
+// and the summary names every test that needed the second run. cmd/vmtest is the
 // runner; `make vmtest` builds the binaries and calls it.
 //
 // Kernels come from Debian's linux-image-*-unsigned packages (Fetcher):

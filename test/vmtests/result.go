@@ -14,6 +14,7 @@ import (
 //
 //	@@vmtest boot kernel=6.1.0-40-cloud-amd64 uptime=6.02
 //	@@vmtest suite name=bpf.test status=0 seconds=12.31
+//	@@vmtest rerun name=e2e.test tests=TestA,TestB status=0
 //	@@vmtest done status=0
 //
 // The runner trusts only these lines: no done line means the VM did not
@@ -36,6 +37,53 @@ func DoneLine(status int) string {
 	return fmt.Sprintf("%sdone status=%d", marker, status)
 }
 
+// RerunLine reports that /init ran a suite's failed tests once more, and
+// how that ended. The suite's line that follows carries the final status.
+func RerunLine(name string, tests []string, status int) string {
+	return fmt.Sprintf("%srerun name=%s tests=%s status=%d", marker, name, strings.Join(tests, ","), status)
+}
+
+// MaxRerun is the most failed tests of a suite /init runs once more: more
+// than that is not a busy machine's flake but a broken build.
+const MaxRerun = 3
+
+// RerunTests names the top-level tests to run once more after a suite
+// failed with these failures, or nil when a rerun would not tell anything:
+// no test failed by name (a panic or a timeout ended the binary), or more
+// than MaxRerun did.
+func RerunTests(failures []Failure) []string {
+	var tests []string
+	for _, f := range failures {
+		top, _, _ := strings.Cut(f.Test, "/")
+		if !strings.HasPrefix(top, "Test") || strings.ContainsAny(top, " ()") {
+			return nil
+		}
+		if !slices.Contains(tests, top) {
+			tests = append(tests, top)
+		}
+	}
+	if len(tests) == 0 || len(tests) > MaxRerun || len(failures) == maxFailures {
+		return nil
+	}
+	return tests
+}
+
+// RunPattern is the -test.run pattern of exactly these top-level tests.
+func RunPattern(tests []string) string {
+	q := make([]string, len(tests))
+	for i, t := range tests {
+		q[i] = regexp.QuoteMeta(t)
+	}
+	return "^(" + strings.Join(q, "|") + ")$"
+}
+
+// Rerun is a suite's failed tests that /init ran once more.
+type Rerun struct {
+	Suite  string
+	Tests  []string
+	Status int // the rerun's: 0 when every test passed the second time
+}
+
 // SuiteResult is one suite's outcome as reported by /init.
 type SuiteResult struct {
 	Name     string
@@ -54,6 +102,8 @@ type Report struct {
 	// the order their results were printed, at most maxFailures. The
 	// summary repeats them: the end of a CI log is often all one sees.
 	Failures []Failure
+	// Reruns are the suites whose failed tests /init ran once more.
+	Reruns []Rerun
 
 	logged []string // test log lines since the last test started or ended
 	before int      // len(Failures) when the current suite started
@@ -188,6 +238,15 @@ func (r *Report) Parse(line string) (bool, error) {
 			r.Failures = append(r.Failures, Failure{Test: fmt.Sprintf("%s (exit %d)", kv["name"], st), Lines: slices.Clone(r.logged)})
 		}
 		r.before, r.logged = len(r.Failures), r.logged[:0]
+	case "rerun":
+		if err := need("name", "tests", "status"); err != nil {
+			return true, err
+		}
+		st, err := status()
+		if err != nil {
+			return true, err
+		}
+		r.Reruns = append(r.Reruns, Rerun{Suite: kv["name"], Tests: strings.Split(kv["tests"], ","), Status: st})
 	case "done":
 		if err := need("status"); err != nil {
 			return true, err

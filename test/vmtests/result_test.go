@@ -1,6 +1,7 @@
 package vmtests
 
 import (
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -152,5 +153,70 @@ func TestReportFailures(t *testing.T) {
 	r.Parse("--- FAIL: TestC (0.1s)")
 	if f := r.Failures[3]; len(f.Lines) != maxFailureLines || len(f.Lines[0]) != maxLineLen+3 {
 		t.Errorf("TestC kept %d lines of %d bytes, want %d of %d", len(f.Lines), len(f.Lines[0]), maxFailureLines, maxLineLen+3)
+	}
+}
+
+func TestRerunTests(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		failures []string
+		want     string // RunPattern of the tests, or "" for no rerun
+	}{
+		{"none", nil, ""},
+		{"subtests of one test", []string{"TestB", "TestB/ipv4", "TestB/ipv6"}, "^(TestB)$"},
+		{"two tests", []string{"TestB/ipv4", "TestA.x"}, `^(TestB|TestA\.x)$`},
+		{"as many as allowed", []string{"TestA", "TestB", "TestC"}, "^(TestA|TestB|TestC)$"},
+		{"one too many", []string{"TestA", "TestB", "TestC", "TestD"}, ""},
+		{"a panic or a timeout", []string{"TestA", "e2e.test (exit 2)"}, ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var fs []Failure
+			for _, f := range c.failures {
+				fs = append(fs, Failure{Test: f})
+			}
+			got := RerunTests(fs)
+			if c.want == "" {
+				if got != nil {
+					t.Errorf("RerunTests(%v) = %v, want no rerun", c.failures, got)
+				}
+				return
+			}
+			if p := RunPattern(got); p != c.want {
+				t.Errorf("RunPattern(RerunTests(%v)) = %q, want %q", c.failures, p, c.want)
+			}
+		})
+	}
+	// As many failures as a report keeps: there may have been more.
+	full := make([]Failure, maxFailures)
+	for i := range full {
+		full[i] = Failure{Test: "TestA/case"}
+	}
+	if got := RerunTests(full); got != nil {
+		t.Errorf("RerunTests of %d failures (the most a report keeps) = %v, want no rerun", maxFailures, got)
+	}
+}
+
+func TestReportRerun(t *testing.T) {
+	var r Report
+	for _, l := range []string{
+		BootLine("6.1.0-1-cloud-amd64", time.Second),
+		"--- FAIL: TestB (2.00s)",
+		RerunLine("e2e.test", []string{"TestB", "TestC"}, 0),
+		SuiteLine("e2e.test", 0, time.Second),
+		DoneLine(0),
+	} {
+		if _, err := r.Parse(l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !r.Passed() {
+		t.Errorf("a suite whose failed tests passed their rerun did not pass: %+v", r)
+	}
+	want := []Rerun{{Suite: "e2e.test", Tests: []string{"TestB", "TestC"}, Status: 0}}
+	if !reflect.DeepEqual(r.Reruns, want) || len(r.Failures) != 1 {
+		t.Errorf("reruns %+v, failures %+v; want %+v and the first run's failure", r.Reruns, r.Failures, want)
+	}
+	if _, err := r.Parse(marker + "rerun name=e2e.test status=1"); err == nil {
+		t.Error("a rerun line without tests= parsed")
 	}
 }

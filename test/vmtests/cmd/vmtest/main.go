@@ -40,7 +40,7 @@ func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
 type options struct {
 	kernels, suites, env, modules listFlag
 	rlagent, cache, init, flavor  string
-	mirror                        string
+	mirror, summary               string
 	timeout                       time.Duration
 	memMB, cpus                   int
 	prefix                        bool
@@ -67,6 +67,7 @@ func main() {
 	flag.IntVar(&o.memMB, "mem", 1536, "VM memory in MiB")
 	flag.IntVar(&o.cpus, "smp", 2, "VM CPUs")
 	flag.BoolVar(&o.prefix, "prefix", true, "prefix console lines with [series]")
+	flag.StringVar(&o.summary, "summary", "", "also append the summary to this file")
 	flag.Usage = func() {
 		fmt.Fprintf(os.Stderr, "usage: vmtest -kernel SERIES... [flags] [-suite 'BIN ARGS']... [BIN ARGS...]\n\n")
 		flag.PrintDefaults()
@@ -155,18 +156,42 @@ func run(ctx context.Context, o *options) (bool, error) {
 			break
 		}
 	}
-	fmt.Printf("vmtest: summary (qemu %s, %d CPUs, %d MiB; suites %s)\n", accel(), o.cpus, o.memMB, suiteNames(man))
+	var b strings.Builder
+	fmt.Fprintf(&b, "vmtest: summary (qemu %s, %d CPUs, %d MiB; suites %s)\n", accel(), o.cpus, o.memMB, suiteNames(man))
 	ok := len(results) == len(kernels)
 	for _, r := range results {
-		fmt.Println(summary(r))
+		b.WriteString(summary(r) + "\n")
+		for _, rr := range r.report.Reruns {
+			verdict := "passed"
+			if rr.Status != 0 {
+				verdict = fmt.Sprintf("failed again (exit %d)", rr.Status)
+			}
+			fmt.Fprintf(&b, "vmtest: %-5s %s: ran %s once more: %s\n", r.series, rr.Suite, strings.Join(rr.Tests, ", "), verdict)
+		}
 		for _, f := range r.report.Failures {
-			fmt.Printf("vmtest: %-5s --- FAIL: %s\n", r.series, f.Test)
+			fmt.Fprintf(&b, "vmtest: %-5s --- FAIL: %s\n", r.series, f.Test)
 			for _, l := range f.Lines {
-				fmt.Printf("vmtest: %-5s     %s\n", r.series, l)
+				fmt.Fprintf(&b, "vmtest: %-5s     %s\n", r.series, l)
 			}
 		}
 		if r.err != nil || !r.report.Passed() {
 			ok = false
+		}
+	}
+	fmt.Print(b.String())
+	if o.summary != "" {
+		// make vmtest boots one VM per run and prints every run's summary
+		// again at the end, where a CI log's tail shows it.
+		f, err := os.OpenFile(o.summary, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+		if err != nil {
+			return ok, err
+		}
+		_, err = f.WriteString(b.String())
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return ok, err
 		}
 	}
 	return ok, nil
