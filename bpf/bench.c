@@ -359,3 +359,109 @@ int xdp_peer_naive(struct xdp_md *ctx)
 	b->dropped++;
 	return XDP_DROP;
 }
+
+/*
+ * The live-frame path (BenchmarkLive, TestLiveGenerator): frames sent
+ * through a real driver, veth's, instead of test_run's loop alone.
+ *
+ * - xdp_live_gen is the generator: run by BPF_PROG_TEST_RUN with
+ *   BPF_F_TEST_XDP_LIVE_FRAMES on one veth end, it counts the frame and
+ *   transmits it (XDP_TX: out of that end, into its peer's ring, where the
+ *   program under test runs natively in the peer's NAPI poll). With
+ *   bench_live_conf.keys set it first rewrites the IPv4 source from a
+ *   counter, 10.0.0.0 + i for i in [0, keys), as the test_run cycler does.
+ * - xdp_live_pass and xdp_live_drop are the bare receivers the cases are
+ *   compared with: each counts the frames that carry the marker and
+ *   passes or drops them. A frame without the marker (the peer's stack
+ *   sends some: neighbour and router solicitations) passes uncounted.
+ *
+ * The marker is BENCH_LIVE_MAGIC in the 8 bytes after the UDP header of an
+ * untagged IPv4 frame (offset 42).
+ */
+#define BENCH_LIVE_MAGIC 0x31746e6567616c72ULL	/* "rlagent1", little-endian */
+#define BENCH_LIVE_MARK 42
+
+enum bench_live_slot {
+	BENCH_LIVE_SENT = 0,	/* frames the generator transmitted */
+	BENCH_LIVE_PASSED = 1,	/* marked frames xdp_live_pass counted */
+	BENCH_LIVE_DROPPED = 2,	/* marked frames xdp_live_drop counted */
+	BENCH_LIVE_CYCLE = 3,	/* the generator's source counter */
+	BENCH_LIVE_SLOTS = 4,
+};
+
+const enum bench_live_slot *_bench_live_slot __attribute__((unused));
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, BENCH_LIVE_SLOTS);
+	__type(key, __u32);
+	__type(value, __u64);
+} bench_live SEC(".maps");
+
+struct bench_live_conf {
+	__u32 keys;		/* > 0: sources to cycle over */
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct bench_live_conf);
+} bench_live_cfg SEC(".maps");
+
+static __always_inline void bench_live_inc(__u32 slot)
+{
+	__u64 *n = bpf_map_lookup_elem(&bench_live, &slot);
+
+	if (n)
+		(*n)++;
+}
+
+SEC("xdp")
+int xdp_live_gen(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	__u32 zero = 0, slot = BENCH_LIVE_CYCLE;
+	struct bench_live_conf *c = bpf_map_lookup_elem(&bench_live_cfg, &zero);
+
+	if (!c)
+		return XDP_ABORTED;
+	if (c->keys) {
+		__u64 *i = bpf_map_lookup_elem(&bench_live, &slot);
+		__u32 *src = data + 14 + 12;
+
+		if (!i || (void *)(src + 1) > end)
+			return XDP_ABORTED;
+		*src = bpf_htonl(0x0a000000 | (__u32)*i);
+		if (++*i >= c->keys)
+			*i = 0;
+	}
+	bench_live_inc(BENCH_LIVE_SENT);
+	return XDP_TX;
+}
+
+static __always_inline int bench_live_count(struct xdp_md *ctx, __u32 slot, int verdict)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	__u64 *mark = data + BENCH_LIVE_MARK;
+
+	if ((void *)(mark + 1) > end || *mark != BENCH_LIVE_MAGIC)
+		return XDP_PASS;
+	bench_live_inc(slot);
+	return verdict;
+}
+
+SEC("xdp")
+int xdp_live_pass(struct xdp_md *ctx)
+{
+	return bench_live_count(ctx, BENCH_LIVE_PASSED, XDP_PASS);
+}
+
+SEC("xdp")
+int xdp_live_drop(struct xdp_md *ctx)
+{
+	return bench_live_count(ctx, BENCH_LIVE_DROPPED, XDP_DROP);
+}

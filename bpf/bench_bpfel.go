@@ -47,6 +47,22 @@ type BenchBenchLine struct {
 	Word [8]uint64
 }
 
+type BenchBenchLiveConf struct {
+	_    structs.HostLayout
+	Keys uint32
+	Pad  uint32
+}
+
+type BenchBenchLiveSlot uint32
+
+const (
+	BenchBenchLiveSlotBENCH_LIVE_SENT    BenchBenchLiveSlot = 0
+	BenchBenchLiveSlotBENCH_LIVE_PASSED  BenchBenchLiveSlot = 1
+	BenchBenchLiveSlotBENCH_LIVE_DROPPED BenchBenchLiveSlot = 2
+	BenchBenchLiveSlotBENCH_LIVE_CYCLE   BenchBenchLiveSlot = 3
+	BenchBenchLiveSlotBENCH_LIVE_SLOTS   BenchBenchLiveSlot = 4
+)
+
 type BenchBenchLocked struct {
 	_    structs.HostLayout
 	Lock struct {
@@ -75,15 +91,21 @@ const (
 const (
 	BenchMapBenchDram       = "bench_dram"
 	BenchMapBenchLimit      = "bench_limit"
+	BenchMapBenchLive       = "bench_live"
+	BenchMapBenchLiveCfg    = "bench_live_cfg"
 	BenchMapBenchPercpu     = "bench_percpu"
 	BenchMapBenchShared     = "bench_shared"
 	BenchMapBenchStats      = "bench_stats"
 	BenchMapBenchTat        = "bench_tat"
 	BenchProgXdpFloor       = "xdp_floor"
 	BenchProgXdpFloorDram   = "xdp_floor_dram"
+	BenchProgXdpLiveDrop    = "xdp_live_drop"
+	BenchProgXdpLiveGen     = "xdp_live_gen"
+	BenchProgXdpLivePass    = "xdp_live_pass"
 	BenchProgXdpPeerGcra    = "xdp_peer_gcra"
 	BenchProgXdpPeerLock    = "xdp_peer_lock"
 	BenchProgXdpPeerNaive   = "xdp_peer_naive"
+	BenchVarBenchLiveSlot   = "_bench_live_slot"
 	BenchVarBenchSlot       = "_bench_slot"
 	BenchVarBenchDramShift  = "bench_dram_shift"
 	BenchVarBenchDropPort   = "bench_drop_port"
@@ -134,6 +156,9 @@ type BenchSpecs struct {
 type BenchProgramSpecs struct {
 	XdpFloor     *ebpf.ProgramSpec `ebpf:"xdp_floor"`
 	XdpFloorDram *ebpf.ProgramSpec `ebpf:"xdp_floor_dram"`
+	XdpLiveDrop  *ebpf.ProgramSpec `ebpf:"xdp_live_drop"`
+	XdpLiveGen   *ebpf.ProgramSpec `ebpf:"xdp_live_gen"`
+	XdpLivePass  *ebpf.ProgramSpec `ebpf:"xdp_live_pass"`
 	XdpPeerGcra  *ebpf.ProgramSpec `ebpf:"xdp_peer_gcra"`
 	XdpPeerLock  *ebpf.ProgramSpec `ebpf:"xdp_peer_lock"`
 	XdpPeerNaive *ebpf.ProgramSpec `ebpf:"xdp_peer_naive"`
@@ -143,18 +168,21 @@ type BenchProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type BenchMapSpecs struct {
-	BenchDram   *ebpf.MapSpec `ebpf:"bench_dram"`
-	BenchLimit  *ebpf.MapSpec `ebpf:"bench_limit"`
-	BenchPercpu *ebpf.MapSpec `ebpf:"bench_percpu"`
-	BenchShared *ebpf.MapSpec `ebpf:"bench_shared"`
-	BenchStats  *ebpf.MapSpec `ebpf:"bench_stats"`
-	BenchTat    *ebpf.MapSpec `ebpf:"bench_tat"`
+	BenchDram    *ebpf.MapSpec `ebpf:"bench_dram"`
+	BenchLimit   *ebpf.MapSpec `ebpf:"bench_limit"`
+	BenchLive    *ebpf.MapSpec `ebpf:"bench_live"`
+	BenchLiveCfg *ebpf.MapSpec `ebpf:"bench_live_cfg"`
+	BenchPercpu  *ebpf.MapSpec `ebpf:"bench_percpu"`
+	BenchShared  *ebpf.MapSpec `ebpf:"bench_shared"`
+	BenchStats   *ebpf.MapSpec `ebpf:"bench_stats"`
+	BenchTat     *ebpf.MapSpec `ebpf:"bench_tat"`
 }
 
 // BenchVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type BenchVariableSpecs struct {
+	BenchLiveSlot   *ebpf.VariableSpec `ebpf:"_bench_live_slot"`
 	BenchSlot       *ebpf.VariableSpec `ebpf:"_bench_slot"`
 	BenchDramShift  *ebpf.VariableSpec `ebpf:"bench_dram_shift"`
 	BenchDropPort   *ebpf.VariableSpec `ebpf:"bench_drop_port"`
@@ -181,18 +209,22 @@ func (o *BenchObjects) Close() error {
 //
 // It can be passed to LoadBenchObjects or ebpf.CollectionSpec.LoadAndAssign.
 type BenchMaps struct {
-	BenchDram   *ebpf.Map `ebpf:"bench_dram"`
-	BenchLimit  *ebpf.Map `ebpf:"bench_limit"`
-	BenchPercpu *ebpf.Map `ebpf:"bench_percpu"`
-	BenchShared *ebpf.Map `ebpf:"bench_shared"`
-	BenchStats  *ebpf.Map `ebpf:"bench_stats"`
-	BenchTat    *ebpf.Map `ebpf:"bench_tat"`
+	BenchDram    *ebpf.Map `ebpf:"bench_dram"`
+	BenchLimit   *ebpf.Map `ebpf:"bench_limit"`
+	BenchLive    *ebpf.Map `ebpf:"bench_live"`
+	BenchLiveCfg *ebpf.Map `ebpf:"bench_live_cfg"`
+	BenchPercpu  *ebpf.Map `ebpf:"bench_percpu"`
+	BenchShared  *ebpf.Map `ebpf:"bench_shared"`
+	BenchStats   *ebpf.Map `ebpf:"bench_stats"`
+	BenchTat     *ebpf.Map `ebpf:"bench_tat"`
 }
 
 func (m *BenchMaps) Close() error {
 	return _BenchClose(
 		m.BenchDram,
 		m.BenchLimit,
+		m.BenchLive,
+		m.BenchLiveCfg,
 		m.BenchPercpu,
 		m.BenchShared,
 		m.BenchStats,
@@ -204,6 +236,7 @@ func (m *BenchMaps) Close() error {
 //
 // It can be passed to LoadBenchObjects or ebpf.CollectionSpec.LoadAndAssign.
 type BenchVariables struct {
+	BenchLiveSlot   *ebpf.Variable `ebpf:"_bench_live_slot"`
 	BenchSlot       *ebpf.Variable `ebpf:"_bench_slot"`
 	BenchDramShift  *ebpf.Variable `ebpf:"bench_dram_shift"`
 	BenchDropPort   *ebpf.Variable `ebpf:"bench_drop_port"`
@@ -216,6 +249,9 @@ type BenchVariables struct {
 type BenchPrograms struct {
 	XdpFloor     *ebpf.Program `ebpf:"xdp_floor"`
 	XdpFloorDram *ebpf.Program `ebpf:"xdp_floor_dram"`
+	XdpLiveDrop  *ebpf.Program `ebpf:"xdp_live_drop"`
+	XdpLiveGen   *ebpf.Program `ebpf:"xdp_live_gen"`
+	XdpLivePass  *ebpf.Program `ebpf:"xdp_live_pass"`
 	XdpPeerGcra  *ebpf.Program `ebpf:"xdp_peer_gcra"`
 	XdpPeerLock  *ebpf.Program `ebpf:"xdp_peer_lock"`
 	XdpPeerNaive *ebpf.Program `ebpf:"xdp_peer_naive"`
@@ -225,6 +261,9 @@ func (p *BenchPrograms) Close() error {
 	return _BenchClose(
 		p.XdpFloor,
 		p.XdpFloorDram,
+		p.XdpLiveDrop,
+		p.XdpLiveGen,
+		p.XdpLivePass,
 		p.XdpPeerGcra,
 		p.XdpPeerLock,
 		p.XdpPeerNaive,
