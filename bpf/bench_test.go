@@ -48,6 +48,7 @@ import (
 	"net/netip"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -327,6 +328,10 @@ type xdpCase struct {
 	verdict int          // of every packet after warm-up; -1 when it varies
 	peers   bool         // report x-peer and x-peer-lock (one key-less limit)
 	dram    bool         // report x-dram (a table beyond the caches)
+	// cls: report x-peer-cls, the classified peer on the same limits
+	// (ns-peer-cls: its cost beyond the baseline); with keys, the keyed
+	// peer's x-peer-keyed.
+	cls bool
 }
 
 func BenchmarkXDP(b *testing.B) {
@@ -348,12 +353,12 @@ func BenchmarkXDP(b *testing.B) {
 	udp.Match = maps.Match{Protocol: maps.UDP}
 
 	cases := []xdpCase{
-		{name: "limits=1", limits: []maps.Limit{highLimit}, verdict: xdpPass, peers: true},
+		{name: "limits=1", limits: []maps.Limit{highLimit}, verdict: xdpPass, peers: true, cls: true},
 		// Overload: the first burst passes, then nearly every packet drops
 		// (a few pass as tokens accrue), so the last verdict varies.
-		{name: "overload=1", limits: []maps.Limit{overloadLimit}, verdict: -1, peers: true},
-		{name: "keys=1k", limits: []maps.Limit{srcIP}, keys: 1000, verdict: xdpPass},
-		{name: "limits=3", limits: []maps.Limit{highLimit, cidr, udp}, verdict: xdpPass},
+		{name: "overload=1", limits: []maps.Limit{overloadLimit}, verdict: -1, peers: true, cls: true},
+		{name: "keys=1k", limits: []maps.Limit{srcIP}, keys: 1000, verdict: xdpPass, cls: true},
+		{name: "limits=3", limits: []maps.Limit{highLimit, cidr, udp}, verdict: xdpPass, cls: true},
 		{name: "configured=64", limits: configured, verdict: xdpPass},
 		// 1<<20 sources; twice as many buckets, so that none is evicted.
 		{name: "keys=1M", opts: maps.Options{MaxBuckets: 1 << 21}, limits: []maps.Limit{srcIP}, keys: 1 << 20, verdict: xdpPass, dram: true},
@@ -467,21 +472,42 @@ func benchCase(b *testing.B, base *ebpf.Program, c xdpCase) {
 	if c.dram {
 		mustRunNs(b, refs.objs.XdpFloorDram, pkt, dramEntries, xdpPass)
 	}
+	// The classified peer: the keyed one behind the cycler for a keyed
+	// case, else the one per limit.
+	var cls *clsPeers
+	var clsProg *ebpf.Program
+	if c.cls {
+		cls = loadClsPeers(b, c.opts, c.limits)
+		clsProg = cls.cls
+		if c.keys > 0 {
+			clsProg = cycler(b, cls.keyed, c.keys)
+		}
+		mustRunNs(b, clsProg, pkt, warm, c.verdict)
+	}
 	b.ResetTimer()
 
 	n := perRound(b)
 	var ns, ratio, vsRef []float64
 	vsFloor, vsDRAM, vsGCRA, vsLock := over{ref: "floor"}, over{ref: "floor-dram"}, over{ref: "gcra"}, over{ref: "lock"}
+	vsCls := over{ref: "classified peer"}
 	for range rounds {
 		bns := mustRunNs(b, base, pkt, n, xdpPass)
 		cns := mustRunNs(b, prog, pkt, n, c.verdict)
 		rns := mustRunNs(b, refProg, pkt, n, c.verdict)
 		fns := mustRunNs(b, floor, pkt, n, c.verdict)
+		var pns float64
+		if c.cls {
+			pns = mustRunNs(b, clsProg, pkt, n, c.verdict)
+		}
 		if c.keys > 0 {
 			// Take out what the cycler adds, measured in this round.
 			cyc := mustRunNs(b, cycledBase, pkt, n, xdpPass) - bns
 			cns -= cyc
 			rns -= cyc
+			pns -= cyc
+		}
+		if c.cls {
+			vsCls.add(cns, pns, bns)
 		}
 		ns, ratio, vsRef = append(ns, cns), append(ratio, cns/bns), append(vsRef, cns/rns)
 		vsFloor.add(cns, fns, bns)
@@ -507,6 +533,18 @@ func benchCase(b *testing.B, base *ebpf.Program, c xdpCase) {
 		vsLock.report(b, "x-peer-lock")
 		refs.check(b, gcra, c.verdict)
 		refs.check(b, lock, c.verdict)
+	}
+	if c.cls {
+		unit := "x-peer-cls"
+		if c.keys > 0 {
+			unit = "x-peer-keyed"
+			if k := cls.keys(b); k != int(c.keys) {
+				b.Fatalf("the keyed peer holds %d keys, want %d", k, c.keys)
+			}
+		}
+		vsCls.report(b, unit)
+		b.ReportMetric(median(vsCls.r), "ns-"+strings.TrimPrefix(unit, "x-"))
+		cls.check(b, c.verdict)
 	}
 	refs.check(b, floor, c.verdict)
 	checkStats(b, d, c)
@@ -695,10 +733,11 @@ func benchTwoCPUs(b *testing.B, base *ebpf.Program, l maps.Limit, verdict int) {
 	rd, ref := loadReference(b, maps.Options{}, []maps.Limit{l})
 	refs := loadRefs(b, l, false)
 	floor, gcra, lock := refs.objs.XdpFloor, refs.objs.XdpPeerGcra, refs.objs.XdpPeerLock
+	cls := loadClsPeers(b, maps.Options{}, []maps.Limit{l})
 	prog, pkt := d.Program(), benchPacket()
 	holdInDispatcher(b, prog)
 	holdInDispatcher(b, ref)
-	for _, p := range []*ebpf.Program{prog, ref, floor, gcra, lock} {
+	for _, p := range []*ebpf.Program{prog, ref, floor, gcra, lock, cls.cls} {
 		for cpu := range 2 {
 			if _, err := runPinned(cpu, p, pkt, 1<<16, verdict); err != nil {
 				b.Fatal(err)
@@ -710,6 +749,7 @@ func benchTwoCPUs(b *testing.B, base *ebpf.Program, l maps.Limit, verdict int) {
 	n := perRound(b)
 	var ns, ratio, vsOne, vsRef []float64
 	vsFloor, vsGCRA, vsLock := over{ref: "floor"}, over{ref: "gcra"}, over{ref: "lock"}
+	vsCls := over{ref: "classified peer"}
 	two := func(p *ebpf.Program, verdict int) float64 {
 		ns, err := twoThreads(p, pkt, n, verdict)
 		if err != nil {
@@ -736,6 +776,7 @@ func benchTwoCPUs(b *testing.B, base *ebpf.Program, l maps.Limit, verdict int) {
 		vsFloor.add(cns, two(floor, verdict), bns2)
 		vsGCRA.add(cns, two(gcra, verdict), bns2)
 		vsLock.add(cns, two(lock, verdict), bns2)
+		vsCls.add(cns, two(cls.cls, verdict), bns2)
 	}
 	b.StopTimer()
 	b.ReportMetric(median(ns), "ns/packet")
@@ -745,9 +786,12 @@ func benchTwoCPUs(b *testing.B, base *ebpf.Program, l maps.Limit, verdict int) {
 	vsFloor.report(b, "x-floor")
 	vsGCRA.report(b, "x-peer")
 	vsLock.report(b, "x-peer-lock")
+	vsCls.report(b, "x-peer-cls")
+	b.ReportMetric(median(vsCls.r), "ns-peer-cls")
 	for _, p := range []*ebpf.Program{floor, gcra, lock} {
 		refs.check(b, p, verdict)
 	}
+	cls.check(b, verdict)
 	checkStats(b, d, xdpCase{verdict: verdict})
 	checkStats(b, rd, xdpCase{verdict: verdict})
 }

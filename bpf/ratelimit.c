@@ -575,58 +575,6 @@ static __always_inline void rl_commit(const struct pkt *p, const struct match *m
 	rl_count(&lc->stats, m->state == MATCH_ADMIT_DRAWN ? MATCH_ADMIT : m->state, p);
 }
 
-/* Index of the lowest set bit of x (x != 0): de Bruijn multiply and a table
- * in .rodata (one load), rather than six compare-and-branch steps. */
-static const __u8 rl_debruijn[64] = {
-	0, 1, 56, 2, 57, 49, 28, 3, 61, 58, 42, 50, 38, 29, 17, 4,
-	62, 47, 59, 36, 45, 43, 51, 22, 53, 39, 33, 30, 24, 18, 12, 5,
-	63, 55, 48, 27, 60, 41, 37, 16, 46, 35, 44, 21, 52, 32, 23, 11,
-	54, 26, 40, 15, 34, 20, 31, 10, 25, 14, 19, 9, 13, 8, 7, 6,
-};
-
-_Static_assert(RL_MASK_WORDS == 2, "rl_classify and the walk read two mask words");
-
-static __always_inline __u32 rl_ctz64(__u64 x)
-{
-	return rl_debruijn[((x & -x) * 0x03F79D71B4CA8B09ULL) >> 58];
-}
-
-/* Walks a candidate set, lowest id first. RL_MASK_WORDS is 2: the walk
- * moves to the second word once, when the first is spent. */
-struct rl_walk {
-	__u64 bits;
-	__u32 w;
-};
-
-static __always_inline struct rl_walk rl_walk_start(const struct rl_mask *cand)
-{
-	struct rl_walk it = { .bits = cand->w[0] };
-
-	return it;
-}
-
-static __always_inline bool rl_walk_next(struct rl_walk *it, const struct rl_mask *cand, __u32 *id)
-{
-	if (!it->bits) {
-		if (it->w || !cand->w[1])
-			return false;
-		it->w = 1;
-		it->bits = cand->w[1];
-	}
-	*id = it->w * 64 + rl_ctz64(it->bits);
-	it->bits &= it->bits - 1;
-	return true;
-}
-
-/* The candidates the walk has not reached. */
-static __always_inline bool rl_walk_rest_has(const struct rl_walk *it, const struct rl_mask *cand,
-					     const struct rl_mask *of)
-{
-	if (it->w)
-		return (it->bits & of->w[1]) != 0;
-	return ((it->bits & of->w[0]) | (cand->w[1] & of->w[1])) != 0;
-}
-
 /* The general case: check every candidate without drawing, then commit all
  * or nothing. Returns the verdict (enum rl_verdict; a limit with action
  * reject that rejects makes it RL_ANSWER, whatever else rejects), and sets

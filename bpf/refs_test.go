@@ -14,6 +14,7 @@ package bpf_test
 //     on the same limit, in the same rounds.
 
 import (
+	_ "embed"
 	"fmt"
 	"math/bits"
 	"runtime"
@@ -334,4 +335,78 @@ func BenchmarkRefs(b *testing.B) {
 			r.check(b, prog, c.verdict)
 		})
 	}
+}
+
+// benchClsObject is bench_cls.c's build: the classified peers, loaded over
+// a Datapath's maps (maps.Datapath.LoadReferenceCollection).
+//
+//go:embed benchcls_bpfel.o
+var benchClsObject []byte
+
+// clsPeers is one load of the classified peers over a Datapath of their
+// own that holds the case's limits: rlagent's classification and counters
+// in front of a GCRA bucket per limit (xdp_peer_cls) or per key
+// (xdp_peer_keyed).
+type clsPeers struct {
+	d          *maps.Datapath
+	cls, keyed *ebpf.Program
+	keyedTat   *ebpf.Map
+}
+
+func loadClsPeers(tb testing.TB, opts maps.Options, limits []maps.Limit) *clsPeers {
+	tb.Helper()
+	d := newDatapath(tb, opts)
+	for id, l := range limits {
+		mustSet(tb, d, uint32(id), l)
+	}
+	coll, err := d.LoadReferenceCollection(benchClsObject)
+	if err != nil {
+		tb.Fatalf("classified peers: %v", err)
+	}
+	tb.Cleanup(coll.Close)
+	tat := coll.Maps["bench_cls_tat"]
+	for id, l := range limits {
+		interval := max(uint64(1), 1e9/l.Rate)
+		line := bpf.BenchClsBenchClsLine{IntervalNs: interval, ToleranceNs: l.Burst * interval}
+		if err := tat.Put(uint32(id), line); err != nil {
+			tb.Fatalf("classified peers: limit %d: %v", id, err)
+		}
+	}
+	p := &clsPeers{d: d, cls: coll.Programs["xdp_peer_cls"], keyed: coll.Programs["xdp_peer_keyed"],
+		keyedTat: coll.Maps["bench_keyed_tat"]}
+	holdInDispatcher(tb, p.cls)
+	return p
+}
+
+// check makes sure a peer measured the path it claims (its counters are
+// rlagent's, of limit 0, in the peers' own Datapath).
+func (p *clsPeers) check(tb testing.TB, verdict int) {
+	tb.Helper()
+	s := mustStats(tb, p.d, 0)
+	switch {
+	case s.AdmittedPackets+s.DroppedPackets == 0:
+		tb.Fatal("classified peer: no packet counted")
+	case verdict == xdpPass && s.DroppedPackets != 0:
+		tb.Fatalf("classified peer: pass path dropped %d packets (%d passed)", s.DroppedPackets, s.AdmittedPackets)
+	case verdict != xdpPass && s.DroppedPackets < 99*s.AdmittedPackets:
+		tb.Fatalf("classified peer: drop path passed %d of %d packets", s.AdmittedPackets, s.AdmittedPackets+s.DroppedPackets)
+	}
+}
+
+// keys is how many keys the keyed peer holds.
+func (p *clsPeers) keys(tb testing.TB) int {
+	tb.Helper()
+	var (
+		k  bpf.BenchClsRlBucketKey
+		v  uint64
+		n  int
+		it = p.keyedTat.Iterate()
+	)
+	for it.Next(&k, &v) {
+		n++
+	}
+	if err := it.Err(); err != nil {
+		tb.Fatal(err)
+	}
+	return n
 }

@@ -25,6 +25,27 @@ import (
 // For benchmarks and tests: the reference reads d's state as it was laid
 // out then, and nothing keeps the copies in step with later changes.
 func (d *Datapath) LoadReference(elf []byte, prog string) (*ebpf.Program, error) {
+	coll, err := d.LoadReferenceCollection(elf)
+	if err != nil {
+		return nil, err
+	}
+	p, ok := coll.Programs[prog]
+	if !ok {
+		coll.Close()
+		return nil, fmt.Errorf("load reference: no program %s", prog)
+	}
+	delete(coll.Programs, prog)
+	// The program holds its maps; the collection's other handles go.
+	coll.Close()
+	return p, nil
+}
+
+// LoadReferenceCollection is LoadReference for every program of elf, with
+// its maps: those d has are shared or copied as LoadReference says, the
+// others are the collection's own and start empty (a benchmark's peer
+// keeps its buckets there, beside d's classifier). The caller closes the
+// collection.
+func (d *Datapath) LoadReferenceCollection(elf []byte) (*ebpf.Collection, error) {
 	spec, err := ebpf.LoadCollectionSpecFromReader(bytes.NewReader(elf))
 	if err != nil {
 		return nil, fmt.Errorf("load reference: %w", err)
@@ -85,15 +106,7 @@ func (d *Datapath) LoadReference(elf []byte, prog string) (*ebpf.Program, error)
 			return nil, fmt.Errorf("load reference: %w", err)
 		}
 	}
-	p, ok := coll.Programs[prog]
-	if !ok {
-		coll.Close()
-		return nil, fmt.Errorf("load reference: no program %s", prog)
-	}
-	delete(coll.Programs, prog)
-	// The program holds its maps; the collection's other handles go.
-	coll.Close()
-	return p, nil
+	return coll, nil
 }
 
 // refAliases are struct members of an older data path by the name of the

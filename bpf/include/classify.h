@@ -12,7 +12,8 @@
  * (rl_classify). Protect rules (rl_protected) are looked at first: a packet
  * they name is no limit's.
  *
- * Owns: rl_protected, rl_prefix_limits, rl_classify_cidr, rl_classify. Relies
+ * Owns: rl_protected, rl_prefix_limits, rl_classify_cidr, rl_classify, and
+ * the walk over its candidates (rl_walk_start, rl_walk_next). Relies
  * on maps.h (the tables) and the packet of parse.h; reads only.
  */
 #ifndef RL_CLASSIFY_H
@@ -180,6 +181,58 @@ static __always_inline bool rl_classify(const struct pkt *p, const struct rl_con
 	if (need_src | need_dst)
 		rl_classify_cidr(p, cfg, need_src, need_dst, out);
 	return (out->w[0] | out->w[1]) != 0;
+}
+
+/* Index of the lowest set bit of x (x != 0): de Bruijn multiply and a table
+ * in .rodata (one load), rather than six compare-and-branch steps. */
+static const __u8 rl_debruijn[64] = {
+	0, 1, 56, 2, 57, 49, 28, 3, 61, 58, 42, 50, 38, 29, 17, 4,
+	62, 47, 59, 36, 45, 43, 51, 22, 53, 39, 33, 30, 24, 18, 12, 5,
+	63, 55, 48, 27, 60, 41, 37, 16, 46, 35, 44, 21, 52, 32, 23, 11,
+	54, 26, 40, 15, 34, 20, 31, 10, 25, 14, 19, 9, 13, 8, 7, 6,
+};
+
+_Static_assert(RL_MASK_WORDS == 2, "rl_classify and the walk read two mask words");
+
+static __always_inline __u32 rl_ctz64(__u64 x)
+{
+	return rl_debruijn[((x & -x) * 0x03F79D71B4CA8B09ULL) >> 58];
+}
+
+/* Walks a candidate set, lowest id first. RL_MASK_WORDS is 2: the walk
+ * moves to the second word once, when the first is spent. */
+struct rl_walk {
+	__u64 bits;
+	__u32 w;
+};
+
+static __always_inline struct rl_walk rl_walk_start(const struct rl_mask *cand)
+{
+	struct rl_walk it = { .bits = cand->w[0] };
+
+	return it;
+}
+
+static __always_inline bool rl_walk_next(struct rl_walk *it, const struct rl_mask *cand, __u32 *id)
+{
+	if (!it->bits) {
+		if (it->w || !cand->w[1])
+			return false;
+		it->w = 1;
+		it->bits = cand->w[1];
+	}
+	*id = it->w * 64 + rl_ctz64(it->bits);
+	it->bits &= it->bits - 1;
+	return true;
+}
+
+/* The candidates the walk has not reached. */
+static __always_inline bool rl_walk_rest_has(const struct rl_walk *it, const struct rl_mask *cand,
+					     const struct rl_mask *of)
+{
+	if (it->w)
+		return (it->bits & of->w[1]) != 0;
+	return ((it->bits & of->w[0]) | (cand->w[1] & of->w[1])) != 0;
 }
 
 #endif /* RL_CLASSIFY_H */

@@ -3,8 +3,9 @@
 //
 // It reads the raw output on stdin (as written by `make bench` into bench.out)
 // and prints one row per benchmark, named without the -GOMAXPROCS suffix, with
-// ns/op, ns/packet and every custom metric whose unit starts with "x-" (the
-// ratios the benchmarks report, such as x-baseline and x-1cpu). Columns appear
+// ns/op, ns/packet, Mpps and every custom metric whose unit starts with "x-"
+// (the ratios the benchmarks report, such as x-baseline and x-1cpu) or "ns-"
+// (costs beyond a reference, such as ns-added and ns-peer-cls). Columns appear
 // in the order their units are first seen; a cell is blank when a benchmark
 // does not report that unit. When a benchmark ran several times (-count > 1)
 // each cell is the median of its runs. Other units (B/op, allocs/op, MB/s) are
@@ -66,7 +67,8 @@ type table struct {
 
 // keepUnit reports whether a metric unit gets a column.
 func keepUnit(unit string) bool {
-	return unit == "ns/op" || unit == "ns/packet" || strings.HasPrefix(unit, "x-")
+	return unit == "ns/op" || unit == "ns/packet" || unit == "Mpps" || strings.HasPrefix(unit, "x-") ||
+		strings.HasPrefix(unit, "ns-")
 }
 
 // procsSuffix is the "-N" the testing package appends to a benchmark name when

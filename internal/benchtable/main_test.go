@@ -124,14 +124,19 @@ func TestNoBenchmarks(t *testing.T) {
 }
 
 // TestTargets: the targets read the medians of the cells they name, derive
-// the extra-limit cost and the ratio to x/time/rate, mark what misses, and
-// leave out what did not run.
+// the extra-limit cost and the ratio to x/time/rate, check ranges, mark
+// what misses, print reported figures without a bound, and leave out what
+// did not run.
 func TestTargets(t *testing.T) {
-	const out = `BenchmarkXDP/limits=1-2 	1000	20.0 ns/op	10.0 ns/packet	1.5 x-floor	0.5 x-peer
-BenchmarkXDP/limits=1-2 	1000	20.0 ns/op	10.0 ns/packet	1.7 x-floor	0.7 x-peer
-BenchmarkXDP/limits=1-2 	1000	20.0 ns/op	10.0 ns/packet	1.4 x-floor	0.5 x-peer
-BenchmarkXDP/limits=3-2 	1000	20.0 ns/op	30.0 ns/packet	4.5 x-floor
+	const out = `BenchmarkBaseline-2       	1000	8.0 ns/op	8.0 ns/packet
+BenchmarkXDP/limits=1-2 	1000	20.0 ns/op	18.0 ns/packet	0.9 x-peer-cls	12.0 ns-peer-cls	1.5 x-peer
+BenchmarkXDP/limits=1-2 	1000	20.0 ns/op	18.0 ns/packet	1.1 x-peer-cls	10.0 ns-peer-cls	1.1 x-peer
+BenchmarkXDP/limits=1-2 	1000	20.0 ns/op	18.0 ns/packet	0.8 x-peer-cls	10.0 ns-peer-cls	1.2 x-peer
+BenchmarkXDP/overload=1-2 	1000	20.0 ns/op	18.0 ns/packet	3.0 x-peer
+BenchmarkXDP/limits=3-2 	1000	20.0 ns/op	30.0 ns/packet
 BenchmarkRateAllow-2    	1000	90.0 ns/op	90.0 ns/packet
+BenchmarkLive/limits=1-2 	1	1.0 ns/op	1.3 x-testrun
+BenchmarkLive/overload=1-2 	1	1.0 ns/op	0.92 x-bare	0.8 x-testrun
 `
 	tab, err := parse(strings.NewReader(out))
 	if err != nil {
@@ -143,16 +148,22 @@ BenchmarkRateAllow-2    	1000	90.0 ns/op	90.0 ns/packet
 	}
 	got := b.String()
 	for _, want := range []string{
-		"| limits=1 x-floor | 1.5 | <= 1.6 | met |",
-		"| limits=1 x-peer (GCRA, 1 CPU) | 0.5 | <= 0.6 | met |",
-		"| each extra matching limit, in floors: (x-floor limits=3 - limits=1) / 2 | 1.5 | <= 1 | **missed** |",
-		"| x/time/rate Allow over limits=1 (ns/packet) | 9 | >= 8 | met |",
+		"| limits=1 x-peer-cls (classified GCRA peer, 1 CPU) | 0.9 | <= 1 | met |",
+		"| limits=1 x-peer (fixed-bucket GCRA, 1 CPU) | 1.2 | <= 1.25 | met |",
+		"| overload=1 x-peer (fixed-bucket GCRA, 1 CPU) | 3 | - | reported |",
+		// (30 - 18) / 2 / 10
+		"| each extra matching limit, (limits=3 - limits=1) / 2, over the classified peer's pass path (ns-peer-cls of limits=1) | 0.6 | <= 0.75 | met |",
+		// 90 / (18 - 8)
+		"| x/time/rate Allow / (limits=1 - baseline) | 9 | >= 8 | met |",
+		"| live overload=1 x-bare (frame rate over a bare XDP_DROP's) | 0.92 | >= 0.9 | met |",
+		"| live limits=1 x-testrun (ns added on the live path over test_run's) | 1.3 | 0.75 to 1.25 | **missed** |",
+		"| live overload=1 x-testrun | 0.8 | 0.75 to 1.25 | met |",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("targets lack %q:\n%s", want, got)
 		}
 	}
-	for _, absent := range []string{"keys=1M", "overload=1", "keys=1k"} {
+	for _, absent := range []string{"keys=1M", "keys=1k", "cpus=2"} {
 		if strings.Contains(got, absent) {
 			t.Errorf("targets show %s, which did not run:\n%s", absent, got)
 		}
