@@ -126,25 +126,32 @@ func (r *refs) stats(tb testing.TB, prog *ebpf.Program) refStats {
 	return s
 }
 
-// TestReferencesLimit: the floor and the peers the benchmarks divide by are
-// rate limiters, not empty loops: at 1,000 packets/s with a burst of 100,
+// TestReferencesLimit: the floor and the peers the benchmarks divide by,
+// the classified ones too, are rate limiters, not empty loops: at 1,000 packets/s with a burst of 100,
 // 20,000 back-to-back packets (a few ms at test_run's speed) pass the burst
 // and what accrues meanwhile, and drop the rest; the naive peer passes its
 // CPU's share of the burst.
 func TestReferencesLimit(t *testing.T) {
 	l := perSecond(1000, 100)
 	r := loadRefs(t, l, false)
+	// The classified peers count in rlagent's counters of limit 0, in a
+	// Datapath of their own: each is measured by the difference.
+	clsD := loadClsPeers(t, maps.Options{}, []maps.Limit{l})
+	clsK := loadClsPeers(t, maps.Options{}, []maps.Limit{l})
 	pkt := benchPacket()
 	const n = 20000
 	for _, tc := range []struct {
 		name  string
 		prog  *ebpf.Program
 		burst uint64
+		cls   *clsPeers // counted in rlagent's counters, not bench.c's
 	}{
-		{"floor", r.objs.XdpFloor, l.Burst},
-		{"gcra", r.objs.XdpPeerGcra, l.Burst + 1}, // GCRA admits burst + 1 at once: the tolerance and the packet itself
-		{"lock", r.objs.XdpPeerLock, l.Burst},
-		{"naive", r.objs.XdpPeerNaive, l.Burst / uint64(runtime.NumCPU())},
+		{"floor", r.objs.XdpFloor, l.Burst, nil},
+		{"gcra", r.objs.XdpPeerGcra, l.Burst + 1, nil}, // GCRA admits burst + 1 at once: the tolerance and the packet itself
+		{"lock", r.objs.XdpPeerLock, l.Burst, nil},
+		{"naive", r.objs.XdpPeerNaive, l.Burst / uint64(runtime.NumCPU()), nil},
+		{"classified", clsD.cls, l.Burst + 1, clsD},
+		{"keyed", clsK.keyed, l.Burst + 1, clsK},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			unpin, err := pinThread(0)
@@ -160,7 +167,16 @@ func TestReferencesLimit(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			s := r.stats(t, tc.prog)
+			var s refStats
+			if tc.cls != nil {
+				st := mustStats(t, tc.cls.d, 0)
+				s = refStats{passed: st.AdmittedPackets, dropped: st.DroppedPackets}
+				if k := tc.cls.keys(t); tc.prog == tc.cls.keyed && k != 1 {
+					t.Errorf("the keyed peer holds %d keys after packets of one source, want 1", k)
+				}
+			} else {
+				s = r.stats(t, tc.prog)
+			}
 			// What may accrue over the run, and one jiffy's worth. The
 			// bound is the time that passed, not ns x n: runNs counts
 			// the thread's CPU time, and a thread preempted on a busy

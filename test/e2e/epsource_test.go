@@ -163,7 +163,7 @@ func (r *rig) mismatches() uint64 {
 
 // udpFrame is an Ethernet frame of a UDP datagram from src to dst:port,
 // with valid lengths and checksums.
-func udpFrame(t *testing.T, from, to net.HardwareAddr, src, dst netip.Addr, port uint16) []byte {
+func udpFrame(t testing.TB, from, to net.HardwareAddr, src, dst netip.Addr, port uint16) []byte {
 	t.Helper()
 	eth := &layers.Ethernet{SrcMAC: from, DstMAC: to, EthernetType: layers.EthernetTypeIPv4}
 	udp := &layers.UDP{SrcPort: 40000, DstPort: layers.UDPPort(port)}
