@@ -84,6 +84,7 @@ type Agent struct {
 	writerDone chan struct{}
 	ap         applier                 // writes the limits; what became of each (outcomes)
 	pending    map[uint32]counterSnap  // counters read at the last tick
+	keys       keyCounter              // the metrics' bucket counts (keyCountEvery)
 	demand     map[string]*demandState // share demand: by limit name
 	// hotSince is the hot-key tick the next read of the data path's
 	// records starts at, once hotPrimed (observeHotKeys).

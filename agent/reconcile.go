@@ -191,12 +191,17 @@ type counterSnap struct {
 	admitted, dropped, shadow uint64
 }
 
-// readStatus is the metrics collector's view.
+// readStatus is the metrics collector's view: the buckets' counts as
+// a.keys last read them (keyCountEvery).
 func (a *Agent) readStatus() ([]LimitStatus, maps.GlobalStats, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	now := time.Now()
-	st, err := readStatus(a.dp.Reader(), now)
+	keys, err := a.keys.get(a.dp.Reader(), now)
+	if err != nil {
+		return nil, maps.GlobalStats{}, err
+	}
+	st, err := readStatusKeys(a.dp.Reader(), now, keys)
 	if err != nil {
 		return nil, maps.GlobalStats{}, err
 	}

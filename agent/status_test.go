@@ -131,3 +131,37 @@ func TestReadGlobalStatsFromPins(t *testing.T) {
 		t.Errorf("global stats from the pins = %+v, want 2 L4-unknown, 1 first fragment, 1 unseen", g)
 	}
 }
+
+// TestKeyCounterReuse: the metrics' bucket counts are read again only once
+// keyCountEvery times the last count's duration (and a second) has passed:
+// before that a new bucket is not counted, after it it is.
+func TestKeyCounterReuse(t *testing.T) {
+	dir := pinnedWithKeys(t, 1, 100)
+	r, err := maps.OpenPinned(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	dp, err := maps.Load(maps.Options{PinDir: dir, MaxBuckets: 200})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dp.Close()
+
+	var k keyCounter
+	now := time.Now()
+	c, err := k.get(r, now)
+	if err != nil || c[0] != 100 || k.took <= 0 {
+		t.Fatalf("first count: %v (took %v), %v; want 100 buckets", c, k.took, err)
+	}
+	if _, err := dp.Program().Run(&ebpf.RunOptions{Data: udpFrom(0x0c000001)}); err != nil {
+		t.Fatal(err)
+	}
+	due := max(time.Second, keyCountEvery*k.took)
+	if c, err := k.get(r, now.Add(due-time.Millisecond)); err != nil || c[0] != 100 {
+		t.Errorf("before it is due (%v): %v, %v; want the 100 counted before", due, c, err)
+	}
+	if c, err := k.get(r, now.Add(due)); err != nil || c[0] != 101 {
+		t.Errorf("when due (%v): %v, %v; want 101, counted again", due, c, err)
+	}
+}
