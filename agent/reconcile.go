@@ -197,11 +197,11 @@ func (a *Agent) readStatus() ([]LimitStatus, maps.GlobalStats, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	now := time.Now()
-	keys, err := a.keys.get(a.dp.Reader(), now)
+	keys, created, err := a.keys.get(a.dp.Reader(), now)
 	if err != nil {
 		return nil, maps.GlobalStats{}, err
 	}
-	st, err := readStatusKeys(a.dp.Reader(), now, keys)
+	st, err := readStatusKeys(a.dp.Reader(), now, keys, created)
 	if err != nil {
 		return nil, maps.GlobalStats{}, err
 	}

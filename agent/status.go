@@ -63,12 +63,15 @@ func readStatus(d *maps.Reader, now time.Time) ([]LimitStatus, error) {
 	if err != nil {
 		return nil, err
 	}
-	return readStatusKeys(d, now, keys)
+	return readStatusKeys(d, now, keys, nil)
 }
 
 // readStatusKeys is readStatus with the buckets of each limit counted by
-// the caller (keys, by limit id).
-func readStatusKeys(d *maps.Reader, now time.Time, keys map[uint32]int) ([]LimitStatus, error) {
+// the caller (keys, by limit id). created, if not nil, holds each limit's
+// buckets created (new and returned keys) when they were counted: a
+// limit's evictions are what was created then less what was counted then,
+// never the buckets created since over an older count.
+func readStatusKeys(d *maps.Reader, now time.Time, keys map[uint32]int, created map[uint32]uint64) ([]LimitStatus, error) {
 	// The limits set, and those the agent records without an entry.
 	ids := d.IDs()
 	set := make(map[uint32]bool, len(ids))
@@ -128,8 +131,11 @@ func readStatusKeys(d *maps.Reader, now time.Time, keys map[uint32]int) ([]Limit
 		}
 		s.ObservationAge = observationAge(m, now)
 		if set[id] && l.Key != maps.KeyNone {
-			created := st.NewKeys + st.ReturnedKeys
-			s.Evictions = created - min(created, uint64(keys[id]))
+			made := st.NewKeys + st.ReturnedKeys
+			if created != nil {
+				made = created[id] // 0 for a limit set since the count
+			}
+			s.Evictions = made - min(made, uint64(keys[id]))
 		}
 		if !m.SnapAt.IsZero() {
 			if dt := now.Sub(m.SnapAt).Seconds(); dt > 0 {
@@ -198,21 +204,31 @@ const keyCountEvery = 100
 // keyCounter is the metrics snapshot's count of the buckets of each limit
 // (LimitStatus.Keys), reused between counts as keyCountEvery says.
 type keyCounter struct {
-	counts map[uint32]int
-	at     time.Time     // when counts was read
-	took   time.Duration // how long that took
+	counts  map[uint32]int
+	created map[uint32]uint64 // each limit's buckets created, read with counts
+	at      time.Time         // when counts was read
+	took    time.Duration     // how long that took
 }
 
-// get returns the counts, read again if they are due at now.
-func (k *keyCounter) get(d *maps.Reader, now time.Time) (map[uint32]int, error) {
+// get returns the counts and the buckets created then, read again if they
+// are due at now.
+func (k *keyCounter) get(d *maps.Reader, now time.Time) (map[uint32]int, map[uint32]uint64, error) {
 	if k.counts != nil && now.Sub(k.at) < max(time.Second, keyCountEvery*k.took) {
-		return k.counts, nil
+		return k.counts, k.created, nil
 	}
 	start := time.Now()
+	created := make(map[uint32]uint64)
+	for _, id := range d.IDs() {
+		st, err := d.Stats(id)
+		if err != nil {
+			return nil, nil, err
+		}
+		created[id] = st.NewKeys + st.ReturnedKeys
+	}
 	c, err := d.KeyCounts()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	k.counts, k.at, k.took = c, now, time.Since(start)
-	return c, nil
+	k.counts, k.created, k.at, k.took = c, created, now, time.Since(start)
+	return c, created, nil
 }

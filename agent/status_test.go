@@ -150,7 +150,7 @@ func TestKeyCounterReuse(t *testing.T) {
 
 	var k keyCounter
 	now := time.Now()
-	c, err := k.get(r, now)
+	c, _, err := k.get(r, now)
 	if err != nil || c[0] != 100 || k.took <= 0 {
 		t.Fatalf("first count: %v (took %v), %v; want 100 buckets", c, k.took, err)
 	}
@@ -158,10 +158,17 @@ func TestKeyCounterReuse(t *testing.T) {
 		t.Fatal(err)
 	}
 	due := max(time.Second, keyCountEvery*k.took)
-	if c, err := k.get(r, now.Add(due-time.Millisecond)); err != nil || c[0] != 100 {
-		t.Errorf("before it is due (%v): %v, %v; want the 100 counted before", due, c, err)
+	c, created, err := k.get(r, now.Add(due-time.Millisecond))
+	if err != nil || c[0] != 100 || created[0] != 100 {
+		t.Errorf("before it is due (%v): %v, created %v, %v; want the 100 counted before", due, c, created, err)
 	}
-	if c, err := k.get(r, now.Add(due)); err != nil || c[0] != 101 {
-		t.Errorf("when due (%v): %v, %v; want 101, counted again", due, c, err)
+	// The evictions the metrics report stay those of the count: the new
+	// bucket, created since, is not taken for an eviction.
+	st, err := readStatusKeys(r, now, c, created)
+	if err != nil || len(st) != 1 || st[0].Evictions != 0 || st[0].Totals.NewKeys != 101 {
+		t.Errorf("status over the older count: %+v, %v; want 0 evictions with 101 keys created", st, err)
+	}
+	if c, created, err := k.get(r, now.Add(due)); err != nil || c[0] != 101 || created[0] != 101 {
+		t.Errorf("when due (%v): %v, created %v, %v; want 101, counted again", due, c, created, err)
 	}
 }
