@@ -334,6 +334,17 @@ type xdpCase struct {
 	cls bool
 }
 
+// caseLimits are the limits of the keyed and three-limit cases, besides
+// highLimit: one bucket per source, each under its rate (the keyed pass
+// path); all of 10.0.0.0/8; all of UDP.
+func caseLimits() (srcIP, cidr, udp maps.Limit) {
+	srcIP, cidr, udp = highLimit, highLimit, highLimit
+	srcIP.Key = maps.KeySrcIP
+	cidr.Match = maps.Match{SrcCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}}
+	udp.Match = maps.Match{Protocol: maps.UDP}
+	return srcIP, cidr, udp
+}
+
 func BenchmarkXDP(b *testing.B) {
 	base := loadBaseline(b)
 
@@ -344,13 +355,7 @@ func BenchmarkXDP(b *testing.B) {
 		l.Match.DstPorts = []maps.PortRange{{First: p, Last: p}}
 		configured = append(configured, l)
 	}
-	// One bucket per source, each under its rate: the keyed pass path.
-	srcIP := highLimit
-	srcIP.Key = maps.KeySrcIP
-	cidr := highLimit
-	cidr.Match = maps.Match{SrcCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}}
-	udp := highLimit
-	udp.Match = maps.Match{Protocol: maps.UDP}
+	srcIP, cidr, udp := caseLimits()
 
 	cases := []xdpCase{
 		{name: "limits=1", limits: []maps.Limit{highLimit}, verdict: xdpPass, peers: true, cls: true},

@@ -25,7 +25,6 @@ package bpf_test
 import (
 	"encoding/binary"
 	"fmt"
-	"net/netip"
 	"runtime"
 	"testing"
 	"time"
@@ -303,12 +302,7 @@ const liveFrames = 1 << 18
 // rounds in all. The case also checks the pass path dropping none and the
 // drop path admitting at most 1 in 100.
 func BenchmarkLive(b *testing.B) {
-	srcIP := highLimit
-	srcIP.Key = maps.KeySrcIP
-	cidr := highLimit
-	cidr.Match = maps.Match{SrcCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}}
-	udp := highLimit
-	udp.Match = maps.Match{Protocol: maps.UDP}
+	srcIP, cidr, udp := caseLimits()
 	for _, c := range []liveCase{
 		{name: "limits=1", limits: []maps.Limit{highLimit}},
 		{name: "overload=1", limits: []maps.Limit{overloadLimit}, drop: true},
