@@ -8,10 +8,11 @@
 // /init mounts proc, sysfs, devtmpfs, bpffs, debugfs, tracefs and tmpfs,
 // loads the modules, runs the suites and reports on the serial console in
 // lines that Report parses; then it powers the VM off. A suite whose
-// tests failed by name (at most MaxRerun of them) has those tests run once
-// more, and the rerun's status is the suite's: a guest under emulation is
-// now and then starved by its host for long enough to miss a rate bound,
-// and the summary names every test that needed the second run. cmd/vmtest is the
+// tests failed by name (at most MaxRerun of them) has those tests run
+// again, up to Reruns times, and the last run's status is the suite's: a
+// guest under emulation is now and then starved by its host for long
+// enough to miss a rate bound, and the summary names every test that
+// needed another run. cmd/vmtest is the
 // runner; `make vmtest` builds the binaries and calls it.
 //
 // Kernels come from Debian's linux-image-*-unsigned packages (Fetcher):

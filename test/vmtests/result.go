@@ -37,17 +37,21 @@ func DoneLine(status int) string {
 	return fmt.Sprintf("%sdone status=%d", marker, status)
 }
 
-// RerunLine reports that /init ran a suite's failed tests once more, and
-// how that ended. The suite's line that follows carries the final status.
+// RerunLine reports that /init ran a suite's failed tests again, and how
+// that ended. The suite's line that follows carries the final status.
 func RerunLine(name string, tests []string, status int) string {
 	return fmt.Sprintf("%srerun name=%s tests=%s status=%d", marker, name, strings.Join(tests, ","), status)
 }
 
-// MaxRerun is the most failed tests of a suite /init runs once more: more
+// MaxRerun is the most failed tests of a suite /init runs again: more
 // than that is not a busy machine's flake but a broken build.
 const MaxRerun = 3
 
-// RerunTests names the top-level tests to run once more after a suite
+// Reruns is how many times /init runs a suite's failed tests again, each
+// time those that failed the time before.
+const Reruns = 2
+
+// RerunTests names the top-level tests to run again after a suite
 // failed with these failures, or nil when a rerun would not tell anything:
 // no test failed by name (a panic or a timeout ended the binary), or more
 // than MaxRerun did.
@@ -77,7 +81,7 @@ func RunPattern(tests []string) string {
 	return "^(" + strings.Join(q, "|") + ")$"
 }
 
-// Rerun is a suite's failed tests that /init ran once more.
+// Rerun is a suite's failed tests that /init ran again, once.
 type Rerun struct {
 	Suite  string
 	Tests  []string
@@ -102,7 +106,7 @@ type Report struct {
 	// the order their results were printed, at most maxFailures. The
 	// summary repeats them: the end of a CI log is often all one sees.
 	Failures []Failure
-	// Reruns are the suites whose failed tests /init ran once more.
+	// Reruns are the times /init ran a suite's failed tests again.
 	Reruns []Rerun
 
 	logged []string // test log lines since the last test started or ended

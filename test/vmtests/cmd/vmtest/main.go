@@ -166,7 +166,7 @@ func run(ctx context.Context, o *options) (bool, error) {
 			if rr.Status != 0 {
 				verdict = fmt.Sprintf("failed again (exit %d)", rr.Status)
 			}
-			fmt.Fprintf(&b, "vmtest: %-5s %s: ran %s once more: %s\n", r.series, rr.Suite, strings.Join(rr.Tests, ", "), verdict)
+			fmt.Fprintf(&b, "vmtest: %-5s %s: ran %s again: %s\n", r.series, rr.Suite, strings.Join(rr.Tests, ", "), verdict)
 		}
 		for _, f := range r.report.Failures {
 			fmt.Fprintf(&b, "vmtest: %-5s --- FAIL: %s\n", r.series, f.Test)
