@@ -31,6 +31,7 @@
  */
 #include "include/common.h"
 #include "include/parse.h"
+#include "include/bench_gcra.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
@@ -136,8 +137,6 @@ struct {
 } bench_dram SEC(".maps");
 
 volatile const __u32 bench_dram_shift = 63;
-
-#define BENCH_CAS_TRIES 64
 
 static __always_inline __u64 bench_min(__u64 a, __u64 b) { return a < b ? a : b; }
 
@@ -259,27 +258,9 @@ int xdp_peer_gcra(struct xdp_md *ctx)
 	if (!c || !g || !n)
 		return XDP_PASS;
 
-	__u64 now = bench_now();
-	__u64 tat = READ_ONCE_U64(g->tat);
-
-	/* A lost compare-and-swap means another CPU admitted a packet: try
-	 * again with its arrival time. The bound is the verifier's; two CPUs
-	 * on one key lose 4 in a row now and then, 64 never. */
-	for (int i = 0; i < BENCH_CAS_TRIES; i++) {
-		__u64 t = tat > now ? tat : now;
-
-		if (t - now > c->tolerance_ns) {
-			n->dropped++;
-			return XDP_DROP;
-		}
-		__u64 seen = __sync_val_compare_and_swap(&g->tat, tat, t + c->interval_ns);
-
-		if (seen == tat) {
-			n->passed++;
-			return XDP_PASS;
-		}
-		n->cas_lost++;
-		tat = seen;
+	if (bench_gcra_take(&g->tat, c->interval_ns, c->tolerance_ns, bench_now(), &n->cas_lost)) {
+		n->passed++;
+		return XDP_PASS;
 	}
 	n->dropped++;
 	return XDP_DROP;

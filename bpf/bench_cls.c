@@ -22,6 +22,8 @@
  *   packet inserts it. The limit's interval and tolerance are those of
  *   bench_cls_tat.
  *
+ * The bucket is bench_gcra.h's, as the fixed-bucket peer's; at most
+ * RL_MAX_MATCH candidates are charged, as rlagent checks at most that many.
  * A candidate whose arrival time is too far ahead drops the packet (counted
  * as dropped; the candidates before it keep their charge, as a simple
  * limiter of one bucket per limit would).
@@ -31,6 +33,7 @@
 #include "include/maps.h"
 #include "include/clock.h"
 #include "include/classify.h"
+#include "include/bench_gcra.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
@@ -56,31 +59,6 @@ struct {
 	__type(value, __u64);
 } bench_keyed_tat SEC(".maps");
 
-/* How many candidates a packet is charged at most; rlagent's is
- * RL_MAX_MATCH. */
-#define BENCH_CLS_MAX 8
-#define BENCH_CAS_TRIES 64
-
-/* Charges one packet to the arrival time at *tat of a limit with interval
- * and tolerance l: true if admitted. */
-static __always_inline bool bench_gcra(__u64 *tat_p, const struct bench_cls_line *l, __u64 now)
-{
-	__u64 tat = READ_ONCE_U64(*tat_p);
-
-	for (int i = 0; i < BENCH_CAS_TRIES; i++) {
-		__u64 t = tat > now ? tat : now;
-
-		if (t - now > l->tolerance_ns)
-			return false;
-		__u64 seen = __sync_val_compare_and_swap(tat_p, tat, t + l->interval_ns);
-
-		if (seen == tat)
-			return true;
-		tat = seen;
-	}
-	return false;
-}
-
 /* rlagent's counters of a limit, as rl_count keeps them. */
 static __always_inline void bench_cls_count(struct rl_limit_cpu *lc, const struct pkt *p, bool pass)
 {
@@ -102,7 +80,7 @@ static __always_inline int bench_cls(struct xdp_md *ctx, bool keyed)
 	struct rl_mask cand;
 	struct rl_walk it;
 	__u32 zero = 0, id;
-	__u64 now;
+	__u64 now, lost = 0;	/* swaps lost to other CPUs: not counted here */
 
 	if (parse_packet(data, end, &p) < 0)
 		return XDP_PASS;
@@ -115,7 +93,7 @@ static __always_inline int bench_cls(struct xdp_md *ctx, bool keyed)
 		return XDP_PASS;
 	now = rl_clock_read();
 	it = rl_walk_start(&cand);
-	for (int i = 0; i < BENCH_CLS_MAX; i++) {
+	for (int i = 0; i < RL_MAX_MATCH; i++) {
 		struct bench_cls_line *l;
 		struct rl_limit_cpu *lc;
 		__u64 *tat;
@@ -142,7 +120,7 @@ static __always_inline int bench_cls(struct xdp_md *ctx, bool keyed)
 					return XDP_PASS;
 			}
 		}
-		pass = bench_gcra(tat, l, now);
+		pass = bench_gcra_take(tat, l->interval_ns, l->tolerance_ns, now, &lost);
 		bench_cls_count(lc, &p, pass);
 		if (!pass)
 			return XDP_DROP;

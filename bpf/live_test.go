@@ -34,6 +34,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rlagent/rlagent/bpf"
+	"github.com/rlagent/rlagent/internal/bpftest"
 	"github.com/rlagent/rlagent/internal/nettest"
 	"github.com/rlagent/rlagent/internal/testenv"
 	"github.com/rlagent/rlagent/maps"
@@ -110,26 +111,8 @@ type liveRig struct {
 func newLiveRig(tb testing.TB) *liveRig {
 	tb.Helper()
 	testenv.RequireRoot(tb)
-	r := &liveRig{pair: nettest.MustPair(tb, nettest.PairConfig{NameA: "live-gen", NameB: "live-rx"})}
-	for _, e := range []struct {
-		ns   *nettest.NS
-		name string
-		idx  *int
-	}{{r.pair.A, r.pair.IfA, new(int)}, {r.pair.B, r.pair.IfB, &r.ifB}} {
-		nl, err := e.ns.Netlink()
-		if err != nil {
-			tb.Fatal(err)
-		}
-		l, err := nl.LinkByName(e.name)
-		nl.Close()
-		if err != nil {
-			tb.Fatalf("live rig: %s: %v", e.name, err)
-		}
-		*e.idx = l.Attrs().Index
-		if e.ns == r.pair.A {
-			r.ifA = uint32(l.Attrs().Index)
-		}
-	}
+	p := nettest.MustPair(tb, nettest.PairConfig{NameA: "live-gen", NameB: "live-rx"})
+	r := &liveRig{pair: p, ifA: uint32(bpftest.IfIndex(tb, p.A, p.IfA)), ifB: bpftest.IfIndex(tb, p.B, p.IfB)}
 	tb.Cleanup(func() {
 		if r.rx != nil {
 			r.rx.Close()
