@@ -31,7 +31,9 @@ func pinnedWithKeys(tb testing.TB, n, keys int) string {
 	tb.Helper()
 	testenv.RequireRoot(tb)
 	dir := testenv.BPFFS(tb)
-	dp, err := maps.Load(maps.Options{PinDir: dir, MaxBuckets: uint32(keys * 2)})
+	// Room enough that no set of the table overflows: every key keeps
+	// its bucket (~1e-5 of sets of four hold five of keys/8 a way).
+	dp, err := maps.Load(maps.Options{PinDir: dir, MaxBuckets: uint32(keys * 8)})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -106,7 +108,7 @@ func BenchmarkStatus(b *testing.B) {
 // whose first was not seen.
 func TestReadGlobalStatsFromPins(t *testing.T) {
 	dir := pinnedWithKeys(t, 1, 1)
-	dp, err := maps.Load(maps.Options{PinDir: dir, MaxBuckets: 2})
+	dp, err := maps.Load(maps.Options{PinDir: dir, MaxBuckets: 8}) // pinnedWithKeys's
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,7 +144,7 @@ func TestKeyCounterReuse(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	dp, err := maps.Load(maps.Options{PinDir: dir, MaxBuckets: 200})
+	dp, err := maps.Load(maps.Options{PinDir: dir, MaxBuckets: 800}) // pinnedWithKeys's
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,6 +28,20 @@ type BenchClsRlBucketKey struct {
 	Addr  [4]uint32
 }
 
+type BenchClsRlBucketKeyset struct {
+	_   structs.HostLayout
+	Key [4]BenchClsRlBucketKey
+}
+
+type BenchClsRlBucketSet struct {
+	_   structs.HostLayout
+	Way [4]struct {
+		_    structs.HostLayout
+		Pool BenchClsRlPool
+		Tag  uint64
+	}
+}
+
 type BenchClsRlConfig struct {
 	_               structs.HostLayout
 	Hook            [4]BenchClsRlMask
@@ -280,6 +294,7 @@ type BenchClsRlTombSet struct {
 const (
 	BenchClsMapBenchClsTat    = "bench_cls_tat"
 	BenchClsMapBenchKeyedTat  = "bench_keyed_tat"
+	BenchClsMapRlBucketKeys   = "rl_bucket_keys"
 	BenchClsMapRlBuckets      = "rl_buckets"
 	BenchClsMapRlCfg          = "rl_cfg"
 	BenchClsMapRlDst4         = "rl_dst4"
@@ -366,6 +381,7 @@ type BenchClsProgramSpecs struct {
 type BenchClsMapSpecs struct {
 	BenchClsTat    *ebpf.MapSpec `ebpf:"bench_cls_tat"`
 	BenchKeyedTat  *ebpf.MapSpec `ebpf:"bench_keyed_tat"`
+	RlBucketKeys   *ebpf.MapSpec `ebpf:"rl_bucket_keys"`
 	RlBuckets      *ebpf.MapSpec `ebpf:"rl_buckets"`
 	RlCfg          *ebpf.MapSpec `ebpf:"rl_cfg"`
 	RlDst4         *ebpf.MapSpec `ebpf:"rl_dst4"`
@@ -426,6 +442,7 @@ func (o *BenchClsObjects) Close() error {
 type BenchClsMaps struct {
 	BenchClsTat    *ebpf.Map `ebpf:"bench_cls_tat"`
 	BenchKeyedTat  *ebpf.Map `ebpf:"bench_keyed_tat"`
+	RlBucketKeys   *ebpf.Map `ebpf:"rl_bucket_keys"`
 	RlBuckets      *ebpf.Map `ebpf:"rl_buckets"`
 	RlCfg          *ebpf.Map `ebpf:"rl_cfg"`
 	RlDst4         *ebpf.Map `ebpf:"rl_dst4"`
@@ -459,6 +476,7 @@ func (m *BenchClsMaps) Close() error {
 	return _BenchClsClose(
 		m.BenchClsTat,
 		m.BenchKeyedTat,
+		m.RlBucketKeys,
 		m.RlBuckets,
 		m.RlCfg,
 		m.RlDst4,

@@ -50,18 +50,19 @@
  * - An over-limit packet costs the clock read and, at most once per chunk of
  *   refill per CPU, one look at the shared pool (see bucket.h).
  * - A key seen for the first time gets a full bucket (burst). A key whose
- *   bucket was evicted (rl_buckets full) comes back where the bucket would
- *   be now, if its tombstone set remembers it (rl_tomb_note), and with a
- *   full bucket if not (owing nothing, or crowded out of a set of indebted
- *   keys): it gains at most one burst per eviction it is forgotten in.
- *   new_keys + returned_keys counts
- *   every bucket created, so creations minus live buckets is the exact
- *   number of evictions (maps.Evictions); returned_keys tells which
- *   creations were returns, as long as the key's cache slot or tombstone
- *   survived: exact under light churn, a lower bound under heavy churn.
- * - If rl_buckets cannot take a new key at all, the packet passes and
- *   pool_full is counted: the limiter fails open rather than dropping
- *   traffic it cannot account for.
+ *   bucket was evicted (its set of rl_buckets full: a new key takes an
+ *   empty way, else a full bucket's, else the one full soonest) comes back
+ *   where the bucket would be now, if its tombstone set remembers it
+ *   (rl_tomb_note), and with a full bucket if not (owing nothing, or
+ *   crowded out of a set of indebted keys): it gains at most one burst per
+ *   eviction it is forgotten in. new_keys + returned_keys counts every
+ *   bucket created, so creations minus live buckets is the number of
+ *   evictions (maps.Evictions); returned_keys tells which creations were
+ *   returns, as long as the key's cache slot or tombstone survived: exact
+ *   under light churn, a lower bound under heavy churn.
+ * - If a new key loses the race for its set's ways to other CPUs
+ *   RL_CAS_TRIES times, its packet passes and pool_full is counted: the
+ *   limiter fails open rather than dropping traffic it cannot account for.
  */
 #include "include/common.h"
 #include "include/parse.h"
@@ -99,6 +100,7 @@ enum {
 	MATCH_ADMIT_DRAWN = 4,	/* admitted, cost already drawn from the pool (rl_check_direct, rl_check_pace) */
 	MATCH_HORIZON = 5,	/* paced, departure beyond the horizon: the packet is dropped */
 	MATCH_REPLY = 6,	/* empty, action reject: the packet is dropped, and answered if it may be */
+	MATCH_CLAIM = 7,	/* a new keyed bucket is to be made first (struct rl_claim): check again then */
 };
 
 /* Whether a decision drops the packet. */
@@ -139,6 +141,7 @@ struct rl_decision {
 	__u64 seed[2];	/* rl_config.seed, for the keyed buckets' hash */
 	__u32 hot_shift; /* rl_config.hot_shift, for rl_hot_note */
 	__u32 pad;
+	struct rl_claim claim; /* the check's request for a new keyed bucket */
 };
 
 /* 0 -> the decisions of the packet this CPU is deciding. PERCPU scratch
@@ -289,19 +292,30 @@ static __always_inline int rl_lease_state(enum rl_lease_result r, const struct r
 	return rl_over(lim);
 }
 
+/* What a check that found no keyed bucket returns: MATCH_CLAIM the first
+ * time (its decider makes the bucket and checks again), MATCH_FAIL_OPEN
+ * (counted in pool_full) when the claim failed. */
+static __always_inline int rl_no_pool(const struct rl_claim *cl)
+{
+	if (cl->state == RL_CLAIM_ASKED)
+		return MATCH_CLAIM;
+	rl_global_count(G_POOL_FULL);
+	return MATCH_FAIL_OPEN;
+}
+
 /* A keyed bucket whose set this packet already holds both ways of: its cost
  * is drawn from the pool now, with no cache (rl_draw), and given back if
  * another limit rejects the packet (rl_refund). Costs a pool lookup and a
  * compare-and-swap per packet: only three or more keyed limits whose
  * buckets share a set get here. */
-static __always_inline int rl_check_direct(const struct pkt *p, struct match *m,
-					   const struct rl_limit *lim, struct rl_limit_cpu *lc,
-					   const struct rl_key_ref *r, __u64 *now)
+static __always_inline int rl_check_direct(const struct pkt *p, struct rl_decision *d, struct match *m,
+					   const struct rl_limit *lim, const struct rl_key_ref *r)
 {
 	struct rl_pool *pool;
 	int state;
 
-	rl_global_count(G_CACHE_BYPASS);
+	if (d->claim.state == RL_CLAIM_NONE)
+		rl_global_count(G_CACHE_BYPASS);	/* once, not again after a claim */
 	const struct rl_params *pp = &lim->params[lim->active & 1];
 	bool created = false;
 
@@ -314,14 +328,12 @@ static __always_inline int rl_check_direct(const struct pkt *p, struct match *m,
 			pp = &ov->params;
 	}
 
-	pool = rl_bucket_pool(&r->k, r->h, &lc->stats, NULL, false, pp, rl_now(now), &created);
-	if (!pool) {
-		rl_global_count(G_POOL_FULL);
-		return MATCH_FAIL_OPEN;
-	}
-	state = rl_lease_state(rl_draw(pool, pp, m->cost, *now), lim);
+	pool = rl_bucket_pool(&r->k, r->h, &d->claim, NULL, false, pp, rl_now(&d->now), &created);
+	if (!pool)
+		return rl_no_pool(&d->claim);
+	state = rl_lease_state(rl_draw(pool, pp, m->cost, d->now), lim);
 	if (state == MATCH_ADMIT) {
-		rl_tomb_note(r->h, pool, pp, *now, created);
+		rl_tomb_note(r->h, pool, pp, d->now, created);
 		if (ov)
 			__sync_fetch_and_add(&ov->leased, m->cost);
 		return MATCH_ADMIT_DRAWN;
@@ -353,12 +365,10 @@ static __always_inline int rl_check_pace(const struct pkt *p, struct rl_decision
 		h = rl_hash(d->seed, id, lim->gen, k.addr);
 		if (!d->pace_now)
 			d->pace_now = rl_pace_clock_read();
-		pool = rl_bucket_pool(&k, h, &lc->stats, NULL, false, &lim->params[lim->active & 1], d->pace_now,
+		pool = rl_bucket_pool(&k, h, &d->claim, NULL, false, &lim->params[lim->active & 1], d->pace_now,
 				      &created);
-		if (!pool) {
-			rl_global_count(G_POOL_FULL);
-			return MATCH_FAIL_OPEN;
-		}
+		if (!pool)
+			return rl_no_pool(&d->claim);
 	}
 	if (!d->pace_now)
 		d->pace_now = rl_pace_clock_read();
@@ -428,7 +438,7 @@ __noinline int rl_check(const struct pkt *p, struct rl_decision *d, __u32 i)
 		if (!cached) {
 			w = rl_key_victim(r.set, d, i, r.si);
 			if (w >= RL_KEY_CACHE_WAYS)
-				return rl_check_direct(p, m, lim, lc, &r, &d->now);
+				return rl_check_direct(p, d, m, lim, &r);
 		}
 		w &= RL_KEY_CACHE_WAYS - 1;
 		r.set->mru = w;
@@ -438,7 +448,9 @@ __noinline int rl_check(const struct pkt *p, struct rl_decision *d, __u32 i)
 		if (!cached) {
 			/* Another bucket's way: hand its tokens back and take it. */
 			if (c->tokens && s->key.gen) {
-				struct rl_pool *old = bpf_map_lookup_elem(&rl_buckets, &s->key);
+				struct rl_pool *old = rl_bucket_lookup(rl_hash(d->seed, s->key.limit, s->key.gen,
+									       s->key.addr),
+								       s->key.limit, s->key.gen);
 
 				if (old)
 					rl_give_back(old, c->tokens);
@@ -460,11 +472,9 @@ __noinline int rl_check(const struct pkt *p, struct rl_decision *d, __u32 i)
 			pp = &ov->params;
 			seq = ov->seq | 0x80000000;
 		}
-		pool = rl_bucket_pool(&r.k, r.h, &lc->stats, c, cached, pp, rl_now(&d->now), &created);
-		if (!pool) {
-			rl_global_count(G_POOL_FULL);
-			return MATCH_FAIL_OPEN;
-		}
+		pool = rl_bucket_pool(&r.k, r.h, &d->claim, c, cached, pp, rl_now(&d->now), &created);
+		if (!pool)
+			return rl_no_pool(&d->claim);
 		h = r.h;
 	}
 
@@ -496,14 +506,33 @@ __noinline int rl_check(const struct pkt *p, struct rl_decision *d, __u32 i)
 	return rl_lease_state(lr, lim);
 }
 
+/* rl_check, and again after making the keyed bucket it asked for
+ * (MATCH_CLAIM): the claim runs here, in the decider's frame, not under
+ * rl_check's. */
+static __always_inline int rl_check_claiming(const struct pkt *p, struct rl_decision *d, __u32 i)
+{
+	int state;
+
+	d->claim.state = RL_CLAIM_NONE;
+	state = rl_check(p, d, i);
+	if (state == MATCH_CLAIM) {
+		/* Asked once: the second check makes no claim (rl_no_pool). */
+		rl_bucket_claim(&d->claim);
+		state = rl_check(p, d, i);
+	}
+	return state;
+}
+
 /* Gives a draw made at check time (rl_check_direct, rl_check_pace) back to
  * its pool: the packet was rejected by another limit. Best effort, as
  * rl_give_back. */
 __noinline int rl_refund(const struct pkt *p, __u32 id, __u32 cost)
 {
 	struct rl_bucket_key k = {};
+	struct rl_config *cfg;
 	struct rl_pool *pool;
 	struct rl_limit *lim;
+	__u32 zero = 0;
 
 	if (!p)
 		return 0;
@@ -513,10 +542,11 @@ __noinline int rl_refund(const struct pkt *p, __u32 id, __u32 cost)
 	if (lim->key_kind == RL_KEY_NONE) {
 		pool = bpf_map_lookup_elem(&rl_pools, &id);	/* a paced limit's */
 	} else {
-		k.limit = id;
-		k.gen = lim->gen;
+		cfg = bpf_map_lookup_elem(&rl_cfg, &zero);
+		if (!cfg)
+			return 0;
 		rl_bucket_key(lim, p, &k);
-		pool = bpf_map_lookup_elem(&rl_buckets, &k);
+		pool = rl_bucket_lookup(rl_hash(cfg->seed, id, lim->gen, k.addr), id, lim->gen);
 	}
 	if (pool)
 		rl_give_back(pool, cost);
@@ -607,7 +637,7 @@ __noinline int rl_decide_all(const struct pkt *p, const struct rl_mask *cand, __
 		if (!rl_walk_next(&it, cand, &id))
 			break;
 		d->m[i].id = id;
-		d->m[i].state = rl_check(p, d, i);
+		d->m[i].state = rl_check_claiming(p, d, i);
 		if (rl_rejects(d->m[i].state))
 			pass = false;
 		n = i + 1;
@@ -714,7 +744,7 @@ slow:
 	d->seed[1] = cfg->seed[1];
 	d->hot_shift = cfg->hot_shift;
 	d->m[0].id = id;
-	state = rl_check(p, d, 0);
+	state = rl_check_claiming(p, d, 0);
 	d->m[0].state = state;
 	rl_commit(p, &d->m[0], !rl_rejects(state));
 	if (rl_rejects(state))

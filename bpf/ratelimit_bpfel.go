@@ -13,7 +13,7 @@ import (
 	"github.com/cilium/ebpf"
 )
 
-type RatelimitRlAction uint32
+type RatelimitRlAction uint8
 
 const (
 	RatelimitRlActionRL_ACTION_DROP   RatelimitRlAction = 0
@@ -35,6 +35,22 @@ type RatelimitRlBucketKey struct {
 	Limit uint32
 	Gen   uint32
 	Addr  [4]uint32
+}
+
+type RatelimitRlBucketKeyset struct {
+	_   structs.HostLayout
+	Key [4]RatelimitRlBucketKey
+}
+
+type RatelimitRlBucketSet struct {
+	_   structs.HostLayout
+	Way [4]RatelimitRlBucketWay
+}
+
+type RatelimitRlBucketWay struct {
+	_    structs.HostLayout
+	Pool RatelimitRlPool
+	Tag  uint64
 }
 
 type RatelimitRlCache struct {
@@ -93,6 +109,7 @@ const (
 	RatelimitRlConstRL_PROTECT_SIDE      RatelimitRlConst = 131072
 	RatelimitRlConstRL_MAX_HORIZON_NS    RatelimitRlConst = 4000000000
 	RatelimitRlConstRL_HEAD4BITS         RatelimitRlConst = 16
+	RatelimitRlConstRL_BUCKET_WAYS       RatelimitRlConst = 4
 	RatelimitRlConstRL_TOMB_WAYS         RatelimitRlConst = 4
 	RatelimitRlConstRL_TOMB_SHIFT        RatelimitRlConst = 22
 )
@@ -113,6 +130,14 @@ type RatelimitRlDecision struct {
 	Seed     [2]uint64
 	HotShift uint32
 	Pad      uint32
+	Claim    struct {
+		_         structs.HostLayout
+		K         RatelimitRlBucketKey
+		H         uint64
+		Fresh     uint64
+		State     uint32
+		Returning uint32
+	}
 }
 
 type RatelimitRlDirection uint32
@@ -211,7 +236,7 @@ type RatelimitRlHotRec struct {
 	ShortUnits uint64
 }
 
-type RatelimitRlKeyKind uint32
+type RatelimitRlKeyKind uint8
 
 const (
 	RatelimitRlKeyKindRL_KEY_NONE       RatelimitRlKeyKind = 0
@@ -242,9 +267,9 @@ type RatelimitRlLimit struct {
 	_         structs.HostLayout
 	Gen       uint32
 	Seq       uint32
-	Unit      uint8
-	KeyKind   uint8
-	Action    uint8
+	Unit      RatelimitRlUnit
+	KeyKind   RatelimitRlKeyKind
+	Action    RatelimitRlAction
 	Hot       uint8
 	HorizonNs uint32
 	Prefix4   uint32
@@ -417,7 +442,7 @@ type RatelimitRlTombSet struct {
 	Way [4]RatelimitRlTomb
 }
 
-type RatelimitRlUnit uint32
+type RatelimitRlUnit uint8
 
 const (
 	RatelimitRlUnitRL_UNIT_PACKETS     RatelimitRlUnit = 0
@@ -429,6 +454,7 @@ const (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	RatelimitMapRlBucketKeys    = "rl_bucket_keys"
 	RatelimitMapRlBuckets       = "rl_buckets"
 	RatelimitMapRlCfg           = "rl_cfg"
 	RatelimitMapRlDst4          = "rl_dst4"
@@ -480,6 +506,7 @@ const (
 	RatelimitVarRlProtoClass    = "_rl_proto_class"
 	RatelimitVarRlRejectBudget  = "_rl_reject_budget"
 	RatelimitVarRlUnit          = "_rl_unit"
+	RatelimitVarRlBucketMask    = "rl_bucket_mask"
 	RatelimitVarRlClockProbeOut = "rl_clock_probe_out"
 	RatelimitVarRlClockSrc      = "rl_clock_src"
 	RatelimitVarRlNsPerJiffy    = "rl_ns_per_jiffy"
@@ -542,6 +569,7 @@ type RatelimitProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type RatelimitMapSpecs struct {
+	RlBucketKeys   *ebpf.MapSpec `ebpf:"rl_bucket_keys"`
 	RlBuckets      *ebpf.MapSpec `ebpf:"rl_buckets"`
 	RlCfg          *ebpf.MapSpec `ebpf:"rl_cfg"`
 	RlDst4         *ebpf.MapSpec `ebpf:"rl_dst4"`
@@ -593,6 +621,7 @@ type RatelimitVariableSpecs struct {
 	RlProtoClass    *ebpf.VariableSpec `ebpf:"_rl_proto_class"`
 	RlRejectBudget  *ebpf.VariableSpec `ebpf:"_rl_reject_budget"`
 	RlUnit          *ebpf.VariableSpec `ebpf:"_rl_unit"`
+	RlBucketMask    *ebpf.VariableSpec `ebpf:"rl_bucket_mask"`
 	RlClockProbeOut *ebpf.VariableSpec `ebpf:"rl_clock_probe_out"`
 	RlClockSrc      *ebpf.VariableSpec `ebpf:"rl_clock_src"`
 	RlNsPerJiffy    *ebpf.VariableSpec `ebpf:"rl_ns_per_jiffy"`
@@ -621,6 +650,7 @@ func (o *RatelimitObjects) Close() error {
 //
 // It can be passed to LoadRatelimitObjects or ebpf.CollectionSpec.LoadAndAssign.
 type RatelimitMaps struct {
+	RlBucketKeys   *ebpf.Map `ebpf:"rl_bucket_keys"`
 	RlBuckets      *ebpf.Map `ebpf:"rl_buckets"`
 	RlCfg          *ebpf.Map `ebpf:"rl_cfg"`
 	RlDst4         *ebpf.Map `ebpf:"rl_dst4"`
@@ -656,6 +686,7 @@ type RatelimitMaps struct {
 
 func (m *RatelimitMaps) Close() error {
 	return _RatelimitClose(
+		m.RlBucketKeys,
 		m.RlBuckets,
 		m.RlCfg,
 		m.RlDst4,
@@ -708,6 +739,7 @@ type RatelimitVariables struct {
 	RlProtoClass    *ebpf.Variable `ebpf:"_rl_proto_class"`
 	RlRejectBudget  *ebpf.Variable `ebpf:"_rl_reject_budget"`
 	RlUnit          *ebpf.Variable `ebpf:"_rl_unit"`
+	RlBucketMask    *ebpf.Variable `ebpf:"rl_bucket_mask"`
 	RlClockProbeOut *ebpf.Variable `ebpf:"rl_clock_probe_out"`
 	RlClockSrc      *ebpf.Variable `ebpf:"rl_clock_src"`
 	RlNsPerJiffy    *ebpf.Variable `ebpf:"rl_ns_per_jiffy"`

@@ -3,7 +3,6 @@ package maps
 import (
 	"errors"
 	"fmt"
-	"math/bits"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -56,7 +55,11 @@ type Options struct {
 	// Clock defaults to ClockJiffies.
 	Clock Clock
 	// MaxBuckets is the number of keyed buckets held at once, over all
-	// keyed limits (default 65536). When full, the coldest is evicted.
+	// keyed limits (default 65536): a table of twice as many ways,
+	// rounded up to a power of two, in sets of four indexed by the keyed
+	// hash. A new key whose set is full evicts the bucket in it that will
+	// be full soonest (one that is full already, if any: nothing is lost
+	// then).
 	MaxBuckets uint32
 	// CPUs is the number of CPUs leases are sized for (default: possible CPUs).
 	CPUs int
@@ -93,6 +96,10 @@ type Datapath struct {
 	// earlier layout found, until FinishMigration.
 	layoutDir string
 	migration *Migration
+	// buckets is rl_buckets mapped into memory (bucketTable), bucketMem
+	// the mapping; nil until the agent first changes a way.
+	buckets   []bpf.RatelimitRlBucketSet
+	bucketMem []byte
 }
 
 type installed struct {
@@ -138,12 +145,16 @@ func Load(opts Options) (*Datapath, error) {
 			return nil, fmt.Errorf("set jiffy length: %w", err)
 		}
 	}
-	spec.Maps[bpf.RatelimitMapRlBuckets].MaxEntries = opts.MaxBuckets
-	// Tombstones: a set of RL_TOMB_WAYS per bucket (rounded up to a power
-	// of two), so that a returning key is still recognised, and starts
-	// where its evicted bucket would be, after other keys have come and
-	// gone.
-	tomb := uint32(1) << bits.Len32(opts.MaxBuckets-1)
+	sets := bucketSets(opts.MaxBuckets)
+	spec.Maps[bpf.RatelimitMapRlBuckets].MaxEntries = sets
+	spec.Maps[bpf.RatelimitMapRlBucketKeys].MaxEntries = sets
+	if err := spec.Variables["rl_bucket_mask"].Set(sets - 1); err != nil {
+		return nil, fmt.Errorf("set bucket table mask: %w", err)
+	}
+	// Tombstones: a set of RL_TOMB_WAYS per way of the table, so that a
+	// returning key is still recognised, and starts where its evicted
+	// bucket would be, after other keys have come and gone.
+	tomb := sets * uint32(bucketWays)
 	spec.Maps[bpf.RatelimitMapRlTombstones].MaxEntries = tomb
 	if err := spec.Variables["rl_tombstone_mask"].Set(tomb - 1); err != nil {
 		return nil, fmt.Errorf("set tombstone mask: %w", err)
@@ -267,7 +278,7 @@ func (d *Datapath) mapsByName() map[string]*ebpf.Map {
 
 // Close releases the data path's file descriptors. Pinned maps stay.
 func (d *Datapath) Close() error {
-	return d.objs.Close()
+	return errors.Join(d.unmapBuckets(), d.objs.Close())
 }
 
 // Program is the XDP program: it enforces the limits of hook UplinkIn on

@@ -377,7 +377,7 @@ func TestLimitLifecycle(t *testing.T) {
 	}
 	p5 := e5.Params[e5.Active&1]
 	wantP5 := bpf.RatelimitRlParams{Rate: 1000, Burst: 100, Chunk: 1, BaseNs: 1e9, BaseV: vOrigin}
-	if e5.Seq != 1 || e5.Unit != uint8(Bytes) || e5.KeyKind != uint8(KeySrcPrefix) || e5.Action != uint8(Shadow) ||
+	if e5.Seq != 1 || e5.Unit != bpf.RatelimitRlUnit(Bytes) || e5.KeyKind != bpf.RatelimitRlKeyKind(KeySrcPrefix) || e5.Action != bpf.RatelimitRlAction(Shadow) ||
 		e5.Prefix4 != netmask4(24) || e5.Prefix6 != netmask6(56) || p5 != wantP5 {
 		t.Errorf("entry of limit 5 = %+v, want seq 1, bytes, src-prefix /24 /56, shadow, params %+v", e5, wantP5)
 	}
@@ -606,16 +606,15 @@ func TestBuckets(t *testing.T) {
 	if err := d.DeleteLimit(1); err != nil {
 		t.Fatal(err)
 	}
-	var (
-		k bpf.RatelimitRlBucketKey
-		v bpf.RatelimitRlPool
-		n int
-	)
-	for it := d.objs.RlBuckets.Iterate(); it.Next(&k, &v); {
+	n := 0
+	err := d.eachBucket(func(_ uint32, _ int, k *bpf.RatelimitRlBucketKey, _ uint64) {
 		if k.Limit == 1 {
-			t.Errorf("bucket %+v of deleted limit 1 still in the map", k)
+			t.Errorf("bucket %+v of deleted limit 1 still in the map", *k)
 		}
 		n++
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 	if n != 2+4+1 {
 		t.Errorf("%d buckets left in the map, want the 7 of limits 2, 3 and 4", n)
@@ -696,7 +695,7 @@ func TestChangeLimit(t *testing.T) {
 	l.Action = Shadow
 	l.Match.DstPorts = ports(PortRange{53, 54})
 	mustSetLimit(t, d, 1, l)
-	if e := entryOf(t, d, 1); e.Gen != e1.Gen || e.Action != uint8(Shadow) {
+	if e := entryOf(t, d, 1); e.Gen != e1.Gen || e.Action != bpf.RatelimitRlAction(Shadow) {
 		t.Errorf("action change: entry gen %d action %d, want gen %d action shadow", e.Gen, e.Action, e1.Gen)
 	}
 	checkBuckets(t, d, 1, map[string]uint64{"10.0.0.1": 50})
@@ -722,14 +721,13 @@ func TestChangeLimit(t *testing.T) {
 		if after.Gen == before.Gen || after.Seq != 1 {
 			t.Errorf("%s change: gen %d -> %d, seq %d; want a new gen with seq 1", change.name, before.Gen, after.Gen, after.Seq)
 		}
-		var (
-			k bpf.RatelimitRlBucketKey
-			v bpf.RatelimitRlPool
-		)
-		for it := d.objs.RlBuckets.Iterate(); it.Next(&k, &v); {
+		err := d.eachBucket(func(_ uint32, _ int, k *bpf.RatelimitRlBucketKey, _ uint64) {
 			if k.Limit == 1 && k.Gen == before.Gen {
-				t.Errorf("%s change: bucket %+v of the old generation still in the map", change.name, k)
+				t.Errorf("%s change: bucket %+v of the old generation still in the map", change.name, *k)
 			}
+		})
+		if err != nil {
+			t.Fatal(err)
 		}
 		checkBuckets(t, d, 1, map[string]uint64{})
 	}

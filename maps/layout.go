@@ -211,6 +211,9 @@ func (d *Datapath) copyMaps(from string, sameEpoch bool) (*Migration, error) {
 		if ms := d.spec.Maps[name]; ms == nil || ms.Pinning != ebpf.PinByName {
 			continue // per-CPU scratch space: nothing to keep
 		}
+		if name == bpf.RatelimitMapRlBuckets || name == bpf.RatelimitMapRlBucketKeys {
+			continue // placed anew below
+		}
 		old, err := ebpf.LoadPinnedMap(filepath.Join(from, name), &ebpf.LoadPinOptions{ReadOnly: true})
 		if errors.Is(err, fs.ErrNotExist) {
 			mig.Rebuilt = append(mig.Rebuilt, name)
@@ -236,9 +239,112 @@ func (d *Datapath) copyMaps(from string, sameEpoch bool) (*Migration, error) {
 			mig.Rebuilt = append(mig.Rebuilt, name)
 		}
 	}
+	names := []string{bpf.RatelimitMapRlBuckets, bpf.RatelimitMapRlBucketKeys}
+	placed, err := d.placeBuckets(from, sameEpoch)
+	if err != nil {
+		return nil, fmt.Errorf("place the earlier layout's buckets: %w", err)
+	}
+	if placed {
+		mig.Copied = append(mig.Copied, names...)
+	} else {
+		mig.Rebuilt = append(mig.Rebuilt, names...)
+	}
 	slices.Sort(mig.Copied)
 	slices.Sort(mig.Rebuilt)
 	return mig, nil
+}
+
+// placeBuckets puts the keyed buckets of the layout in from into d's
+// table, each where its key's hash places it now: from the table of
+// another size, or from the LRU hash of (limit, gen, key) -> pool that
+// held them before the table. The hash's seed is the earlier config's,
+// which the copy keeps. A bucket whose set is full already starts anew
+// (full, or as its tombstone says). It reports whether there was a table
+// to place from; nothing runs on d's maps yet.
+func (d *Datapath) placeBuckets(from string, sameEpoch bool) (bool, error) {
+	if !sameEpoch {
+		return false, nil
+	}
+	open := func(name string) (*ebpf.Map, error) {
+		m, err := ebpf.LoadPinnedMap(filepath.Join(from, name), &ebpf.LoadPinOptions{ReadOnly: true})
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, nil
+		}
+		return m, err
+	}
+	cfgMap, err := open(bpf.RatelimitMapRlCfg)
+	if err != nil || cfgMap == nil {
+		return false, err
+	}
+	defer cfgMap.Close()
+	var cfg bpf.RatelimitRlConfig
+	if cfgMap.ValueSize() != uint32(binary.Size(cfg)) {
+		return false, nil
+	}
+	if err := cfgMap.Lookup(uint32(0), &cfg); err != nil {
+		return false, fmt.Errorf("read the hash seed: %w", err)
+	}
+	old, err := open(bpf.RatelimitMapRlBuckets)
+	if err != nil || old == nil {
+		return false, err
+	}
+	defer old.Close()
+
+	var buckets []bpf.RatelimitRlBucketKey
+	var pools []uint64
+	switch {
+	case old.Type() == ebpf.LRUHash && old.KeySize() == uint32(binary.Size(bpf.RatelimitRlBucketKey{})) && old.ValueSize() == 8:
+		var (
+			k bpf.RatelimitRlBucketKey
+			v bpf.RatelimitRlPool
+		)
+		for it := old.Iterate(); it.Next(&k, &v); {
+			buckets, pools = append(buckets, k), append(pools, v.V_empty)
+		}
+	case old.Type() == ebpf.Array && old.ValueSize() == uint32(binary.Size(bpf.RatelimitRlBucketSet{})):
+		oldKeys, err := open(bpf.RatelimitMapRlBucketKeys)
+		if err != nil || oldKeys == nil {
+			return false, err
+		}
+		defer oldKeys.Close()
+		view := &Datapath{state: &classifier{cfg: cfg}}
+		view.objs.RlBuckets, view.objs.RlBucketKeys = old, oldKeys
+		err = view.eachBucket(func(_ uint32, _ int, k *bpf.RatelimitRlBucketKey, vEmpty uint64) {
+			buckets, pools = append(buckets, *k), append(pools, vEmpty)
+		})
+		if err != nil {
+			return false, err
+		}
+	default:
+		return false, nil
+	}
+
+	mask := d.objs.RlBuckets.MaxEntries() - 1
+	sets := make(map[uint32]*bpf.RatelimitRlBucketSet)
+	keys := make(map[uint32]*bpf.RatelimitRlBucketKeyset)
+	for i := range buckets {
+		k := &buckets[i]
+		set, tag := bucketPlace(bucketHash(cfg.Seed, k.Limit, k.Gen, k.Addr), k.Limit, k.Gen, mask)
+		if sets[set] == nil {
+			sets[set], keys[set] = new(bpf.RatelimitRlBucketSet), new(bpf.RatelimitRlBucketKeyset)
+		}
+		for w := range bucketWays {
+			if sets[set].Way[w].Tag == 0 {
+				sets[set].Way[w].Tag, sets[set].Way[w].Pool.V_empty = tag, pools[i]
+				keys[set].Key[w] = *k
+				break
+			}
+		}
+	}
+	for set, s := range sets {
+		if err := d.objs.RlBucketKeys.Put(set, keys[set]); err != nil {
+			return false, err
+		}
+		if err := d.objs.RlBuckets.Put(set, s); err != nil {
+			return false, err
+		}
+	}
+	return true, nil
 }
 
 // copyEntries copies every entry of src into dst, as many as dst holds

@@ -3,7 +3,6 @@ package maps
 import (
 	"crypto/rand"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"math/bits"
 	"net/netip"
@@ -86,9 +85,9 @@ func (d *Datapath) SetLimit(id uint32, l Limit) error {
 		e.Active = (e.Active + 1) & 1
 		e.Seq++
 	}
-	e.Unit = uint8(l.Unit)
-	e.KeyKind = uint8(l.Key)
-	e.Action = uint8(l.Action)
+	e.Unit = bpf.RatelimitRlUnit(l.Unit)
+	e.KeyKind = bpf.RatelimitRlKeyKind(l.Key)
+	e.Action = bpf.RatelimitRlAction(l.Action)
 	e.Hot = 0
 	if l.Hot {
 		e.Hot = 1
@@ -279,22 +278,19 @@ func (d *Datapath) clearCounters(id uint32) error {
 }
 
 func (d *Datapath) purgeBuckets(id, gen uint32) error {
-	var (
-		k    bpf.RatelimitRlBucketKey
-		v    bpf.RatelimitRlPool
-		dead []bpf.RatelimitRlBucketKey
-	)
-	it := d.objs.RlBuckets.Iterate()
-	for it.Next(&k, &v) {
+	var dead []bpf.RatelimitRlBucketKey
+	err := d.eachBucket(func(_ uint32, _ int, k *bpf.RatelimitRlBucketKey, _ uint64) {
 		if k.Limit == id && k.Gen == gen {
-			dead = append(dead, k)
+			dead = append(dead, *k)
 		}
-	}
-	if err := it.Err(); err != nil {
+	})
+	if err != nil {
 		return fmt.Errorf("list buckets: %w", err)
 	}
-	for _, k := range dead {
-		if err := d.objs.RlBuckets.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+	// A way a new key took meanwhile is not its any more: the
+	// compare-and-swap of its tag fails, and leaves it be.
+	for i := range dead {
+		if _, err := d.casBucket(&dead[i], 0, 0, true); err != nil {
 			return fmt.Errorf("delete bucket: %w", err)
 		}
 	}

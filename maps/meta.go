@@ -178,12 +178,12 @@ func fromUnixNano(ns int64) time.Time {
 // KeyCounts counts the live buckets of every keyed limit.
 func (d *Datapath) KeyCounts() (map[uint32]int, error) {
 	out := make(map[uint32]int)
-	count := func(k bpf.RatelimitRlBucketKey, _ *bpf.RatelimitRlPool) {
+	err := d.eachBucket(func(_ uint32, _ int, k *bpf.RatelimitRlBucketKey, _ uint64) {
 		if in, ok := d.limits[k.Limit]; ok && in.entry.Gen == k.Gen {
 			out[k.Limit]++
 		}
-	}
-	if err := readAll(d.objs.RlBuckets, 4096, count, func() { clear(out) }); err != nil {
+	})
+	if err != nil {
 		return nil, fmt.Errorf("count buckets: %w", err)
 	}
 	return out, nil

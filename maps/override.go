@@ -150,16 +150,26 @@ func (d *Datapath) SetKeyShares(id uint32, shares map[Bucket]KeyShare) error {
 	// owes what it owed. (A CPU that leases between the read and the
 	// write below gets its lease twice: at most a chunk.)
 	for k, ov := range removed {
-		var pool bpf.RatelimitRlPool
-		if err := d.objs.RlBuckets.Lookup(k, &pool); err != nil {
-			continue // evicted: its tombstone is in time, not in a clock
-		}
 		vOwn, vLim := vclock(&ov.Params, now), vclock(&cur, now)
-		owed := pool.V_empty - min(pool.V_empty, vOwn-min(vOwn, ov.Params.Burst)) // 0..burst: the tokens it lacks
 		floor := vLim - min(vLim, cur.Burst)
-		pool.V_empty = floor + min(owed, cur.Burst)
-		if err := d.objs.RlBuckets.Update(k, &pool, ebpf.UpdateExist); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return errors.Join(werr, fmt.Errorf("key shares of limit %d: move a bucket to the limit's clock: %w", id, err))
+		// A CPU that leased from the pool since it was read has moved
+		// it: the swap fails, and is tried again from what it left.
+		for try := 0; ; try++ {
+			vEmpty, ok, err := d.lookupBucket(&k)
+			if err != nil {
+				return errors.Join(werr, fmt.Errorf("key shares of limit %d: %w", id, err))
+			}
+			if !ok {
+				break // evicted: its tombstone is in time, not in a clock
+			}
+			owed := vEmpty - min(vEmpty, vOwn-min(vOwn, ov.Params.Burst)) // 0..burst: the tokens it lacks
+			done, err := d.casBucket(&k, vEmpty, floor+min(owed, cur.Burst), false)
+			if err != nil {
+				return errors.Join(werr, fmt.Errorf("key shares of limit %d: move a bucket to the limit's clock: %w", id, err))
+			}
+			if done || try == 8 {
+				break
+			}
 		}
 	}
 	// What was written takes effect (the epoch above), also when a write

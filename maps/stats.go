@@ -174,23 +174,18 @@ func (d *Datapath) Buckets(id uint32) ([]Bucket, error) {
 	}
 	p := in.entry.Params[in.entry.Active&1]
 	v := vclock(&p, now)
-	var (
-		out []Bucket
-		k   bpf.RatelimitRlBucketKey
-		val bpf.RatelimitRlPool
-	)
-	it := d.objs.RlBuckets.Iterate()
-	for it.Next(&k, &val) {
+	var out []Bucket
+	err = d.eachBucket(func(_ uint32, _ int, k *bpf.RatelimitRlBucketKey, vEmpty uint64) {
 		if k.Limit != id || k.Gen != in.entry.Gen {
-			continue
+			return
 		}
 		b := bucketOf(&in.limit, k.Addr)
-		if v > val.V_empty {
-			b.Tokens = min(v-val.V_empty, p.Burst)
+		if v > vEmpty {
+			b.Tokens = min(v-vEmpty, p.Burst)
 		}
 		out = append(out, b)
-	}
-	if err := it.Err(); err != nil {
+	})
+	if err != nil {
 		return nil, fmt.Errorf("buckets of limit %d: %w", id, err)
 	}
 	return out, nil

@@ -35,13 +35,14 @@ enum rl_const {
 	RL_MAX_EP_SRC = 16384,	/* rl_ep_src: the local endpoints' addresses, by interface */
 	RL_PROTECT_SIDE = 2 * 65536, /* rl_protect_ports: local ports, then remote ports */
 	RL_MAX_HORIZON_NS = 4000000000U, /* a paced limit's horizon: at most 4 s (fits rl_limit.horizon_ns) */
-	RL_HEAD4_BITS = 16,
+	RL_HEAD4_BITS = 16,	/* the IPv4 prefixes the first stage answers alone: /16 and shorter */
+	RL_BUCKET_WAYS = 4,	/* keyed buckets per set of rl_buckets: one cache line */
 	RL_TOMB_WAYS = 4,	/* buckets remembered per set of rl_tombstones */
-	RL_TOMB_SHIFT = 22,	/* rl_tomb.full_at counts 2^22 ns (~4.2 ms, a jiffy at HZ=250) */	/* the IPv4 prefixes the first stage answers alone: /16 and shorter */
+	RL_TOMB_SHIFT = 22,	/* rl_tomb.full_at counts 2^22 ns (~4.2 ms, a jiffy at HZ=250) */
 };
 
 /* What happens to a packet that finds its bucket empty. */
-enum rl_action {
+enum rl_action : __u8 {
 	RL_ACTION_DROP = 0,	/* drop it (XDP_DROP) */
 	RL_ACTION_SHADOW = 1,	/* count it as would-drop and pass it; it draws no tokens */
 	/* Give it an earliest departure time (skb->tstamp) at which its tokens
@@ -55,7 +56,7 @@ enum rl_action {
 };
 
 /* What one token is worth. */
-enum rl_unit {
+enum rl_unit : __u8 {
 	/* A packet; at TC, each segment of a GSO or GRO packet (gso_segs). */
 	RL_UNIT_PACKETS = 0,
 	/* What goes on the wire, L2 header included: the frame length at XDP;
@@ -69,7 +70,7 @@ enum rl_unit {
 };
 
 /* How a limit splits its traffic into buckets. */
-enum rl_key_kind {
+enum rl_key_kind : __u8 {
 	RL_KEY_NONE = 0,	/* one bucket for the limit */
 	RL_KEY_SRC_IP = 1,
 	RL_KEY_DST_IP = 2,
@@ -166,9 +167,10 @@ struct rl_params {
 struct rl_limit {
 	__u32 gen;	/* identity of the limit that owns this id; 0 = free */
 	__u32 seq;	/* bumped on every parameter change */
-	__u8 unit;	/* enum rl_unit */
-	__u8 key_kind;	/* enum rl_key_kind */
-	__u8 action;	/* enum rl_action */
+	/* Enums of one byte: bpftool map dump prints their names. */
+	enum rl_unit unit;
+	enum rl_key_kind key_kind;
+	enum rl_action action;
 	/* 1: record this keyed limit's hot keys (rl_hot): a keyed limit with
 	 * share demand, whose keys' shares follow their demand. */
 	__u8 hot;
@@ -357,7 +359,28 @@ struct rl_pool {
 	__u64 v_empty;
 };
 
-/* What the data path remembers of a keyed bucket after the LRU may have
+/* One way of rl_buckets: a keyed bucket's pool and its tag (rl_bucket_tag:
+ * bits of the key's hash, the limit's id and the low byte of its
+ * generation; never 0). Tag 0: the way is empty. */
+struct rl_bucket_way {
+	struct rl_pool pool;
+	__u64 tag;
+};
+
+/* One set of rl_buckets: the keyed buckets whose hash selects it. 64
+ * bytes, page-aligned in the map: a lookup reads one cache line. */
+struct rl_bucket_set {
+	struct rl_bucket_way way[RL_BUCKET_WAYS];
+};
+
+/* The keys of one set of rl_buckets, way by way: written when a key takes
+ * a way, read only by user space (status, metrics, the agent's writes),
+ * which checks each against its way's tag. */
+struct rl_bucket_keyset {
+	struct rl_bucket_key key[RL_BUCKET_WAYS];
+};
+
+/* What the data path remembers of a keyed bucket after rl_buckets may have
  * evicted it (rl_tombstones): its fingerprint (bits of its hash, never 0)
  * and when it will be full again, in units of 2^RL_TOMB_SHIFT ns of its
  * limit's clock, rounded up, modulo 2^32 (208 days). A bucket that is full
@@ -425,7 +448,7 @@ struct rl_key_set {
 struct rl_global_stats {
 	__u64 match_overflow;	/* packets that matched more than RL_MAX_MATCH limits */
 	__u64 lease_contended;	/* leases that gave up after RL_CAS_TRIES */
-	__u64 pool_full;	/* new keys that found no room in the pool map */
+	__u64 pool_full;	/* new keys that lost the race for their set's ways to other CPUs (rl_bucket_claim) */
 	__u64 l4_unknown;	/* IP packets whose transport header could not be found */
 	__u64 fail_closed;	/* dropped: matched a drop limit beyond RL_MAX_MATCH */
 	__u64 protected_packets; /* passed by a protect rule before classification */

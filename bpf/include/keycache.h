@@ -32,9 +32,13 @@
 #include "parse.h"
 #include "maps.h"
 #include "bucket.h"
+#include "clock.h"
+#include "classify.h"
 
 /* Size of rl_tombstones minus one; set by user space with the map's size. */
 volatile const __u32 rl_tombstone_mask = 65535;
+/* Sets of rl_buckets minus one; set by user space with the map's size. */
+volatile const __u32 rl_bucket_mask = 8191;
 
 /* The hash of a keyed bucket: picks its cache set (the top bits), its
  * tombstone and the tombstone's fingerprint. Multiply-shift with a random
@@ -104,6 +108,8 @@ static __always_inline void rl_bucket_key(const struct rl_limit *lim, const stru
 		k->addr[0] = p->pclass;
 		k->addr[1] = p->has_ports ? p->dport : 0x10000;
 		break;
+	case RL_KEY_NONE:
+		break;	/* not keyed: never asked */
 	}
 }
 
@@ -233,27 +239,212 @@ static __always_inline void rl_tomb_note(__u64 h, const struct rl_pool *pool, co
 	t->way[w & 3].full_at = full_at;
 }
 
-/* Finds or creates the shared pool of a keyed bucket. A new pool cancels
- * the cache's (c, if any) wait for the old one (retry_ns), which an
+/* Where a keyed bucket sits in rl_buckets: its set (returned) and its tag
+ * there. The hash is mixed once more (as for the tombstones, with another
+ * mix, so that a set's keys spread over the tombstones' sets): the set is
+ * the low bits of the mix, and the tag its top 48 bits with the limit's id
+ * and the low byte of its generation (which tell the claim whose params a
+ * way's pool runs on, and whether that generation is gone), and the top
+ * bit set, so that no tag is 0. Two keys share a way only if they share
+ * the set and 47 bits more of a keyed hash. maps.bucketPlace in Go is the
+ * same function. */
+static __always_inline __u32 rl_bucket_place(__u64 h, __u32 id, __u32 gen, __u64 *tag)
+{
+	h ^= h >> 31;
+	h *= 0x94d049bb133111ebULL;
+	h ^= h >> 29;
+	*tag = (h & ~0xffffULL) | (1ULL << 63) | ((__u64)(gen & 0xff) << 8) | (id & 0xff);
+	return (__u32)h & rl_bucket_mask;
+}
+
+_Static_assert(RL_MAX_LIMITS <= 256, "a limit id fits the tag's low byte");
+_Static_assert(RL_BUCKET_WAYS * sizeof(struct rl_bucket_way) == 64, "a set of rl_buckets is one cache line");
+
+
+/* The pool of set's way tagged tag, or NULL. Branch-free over the ways
+ * (a way matches when its tag XOR tag is 0, and x | -x has its top bit set
+ * for every other x): one path for the verifier, not one per way. */
+static __always_inline struct rl_pool *rl_bucket_find(struct rl_bucket_set *set, __u64 tag)
+{
+	__u64 found = 0;
+
+#pragma unroll
+	for (int i = 0; i < RL_BUCKET_WAYS; i++) {
+		__u64 x = READ_ONCE_U64(set->way[i].tag) ^ tag;
+
+		found |= ((((x | -x) >> 63) ^ 1) << i);
+	}
+	if (!found)
+		return NULL;
+	return &set->way[rl_ctz64(found) & (RL_BUCKET_WAYS - 1)].pool;
+}
+
+/* The pool of the keyed bucket of hash h (limit id, generation gen), if
+ * rl_buckets holds it: for the tokens a CPU hands back, and refunds. */
+static __always_inline struct rl_pool *rl_bucket_lookup(__u64 h, __u32 id, __u32 gen)
+{
+	struct rl_bucket_set *set;
+	__u64 tag;
+	__u32 si = rl_bucket_place(h, id, gen, &tag);
+
+	set = bpf_map_lookup_elem(&rl_buckets, &si);
+	return set ? rl_bucket_find(set, tag) : NULL;
+}
+
+/* How a claim ranks the bucket of way w (tag t): 0 when its limit or
+ * generation is gone (taking it loses nothing), else 1 + how long until it
+ * is full, on its limit's clock and params (1: full; an empty way ranks 0).
+ * A key with a share of its own (rl_overrides) is judged by its limit's
+ * params: the claim's choice is the only thing that depends on it. *now
+ * and *pace_now are the two clocks, read when first needed. */
+static __always_inline __u64 rl_bucket_owes(const struct rl_bucket_way *w, __u64 t, __u64 *now, __u64 *pace_now)
+{
+	__u32 id = t & 0xff;
+	struct rl_limit *lim = bpf_map_lookup_elem(&rl_limits, &id);
+	const struct rl_params *p;
+	__u64 at, v, owed;
+
+	if (!lim || lim->key_kind == RL_KEY_NONE || ((t >> 8) & 0xff) != (lim->gen & 0xff))
+		return 0;
+	if (lim->action == RL_ACTION_PACE) {
+		if (!*pace_now)
+			*pace_now = rl_pace_clock_read();
+		at = *pace_now;
+	} else {
+		at = rl_now(now);
+	}
+	p = &lim->params[lim->active & 1];
+	v = rl_vclock(p, at);
+	owed = READ_ONCE_U64(w->pool.v_empty) + p->burst;
+	return 1 + (owed > v ? rl_min(rl_accrual_ns(p, owed - v), ~0ULL - 2) : 0);
+}
+
+/* A new keyed bucket a check asked for (rl_bucket_pool) and its decider
+ * makes (rl_bucket_claim) before it checks the limit again: the claim's
+ * frame would not fit the verifier's 512 bytes of stack under the
+ * check's. In the per-CPU scratch of the packet's decision. */
+struct rl_claim {
+	struct rl_bucket_key k;
+	__u64 h;
+	__u64 fresh;		/* the new pool's v_empty */
+	__u32 state;		/* enum rl_claim_state */
+	__u32 returning;	/* a returning key, for the counters */
+};
+
+enum rl_claim_state {
+	RL_CLAIM_NONE,
+	RL_CLAIM_ASKED,		/* k's bucket is to be made */
+	RL_CLAIM_MADE,		/* made by this packet: its first lease notes it (rl_tomb_note) */
+	RL_CLAIM_FAILED,	/* other CPUs took the ways first: fail open */
+};
+
+/* Gives the claim's key a way of its set in rl_buckets, its pool at
+ * fresh: an empty way or one whose limit is gone, else a full bucket's,
+ * else the one that will be full soonest. Fails (RL_CLAIM_FAILED) when other
+ * CPUs changed the chosen way first, RL_CAS_TRIES times; a key another CPU
+ * made meanwhile is found by the check.
+ *
+ * The way is taken by a compare-and-swap of its tag; its pool is then
+ * moved to fresh by another, which fails only if a CPU found the new tag
+ * first and leased from the pool the evicted bucket left (off by one
+ * lease). Then the key is written for user space, and counted.
+ *
+ * A global function: the verifier checks it once. */
+__noinline int rl_bucket_claim(struct rl_claim *cl)
+{
+	struct rl_bucket_keyset *keys;
+	struct rl_bucket_set *set;
+	struct rl_limit_cpu *lc;
+	__u64 tag, now = 0, pace_now = 0;
+	__u32 si, id;
+
+	if (!cl)
+		return 0;
+	cl->state = RL_CLAIM_FAILED;
+	si = rl_bucket_place(cl->h, cl->k.limit, cl->k.gen, &tag);
+	set = bpf_map_lookup_elem(&rl_buckets, &si);
+	if (!set)
+		return 0;
+	for (int try = 0; try < RL_CAS_TRIES; try++) {
+		__u64 best_ns = ~0ULL, seen = 0, old;
+		int best = -1;
+
+		for (int i = 0; i < RL_BUCKET_WAYS; i++) {
+			__u64 t = READ_ONCE_U64(set->way[i].tag), ns;
+
+			if (t == tag) {
+				cl->state = RL_CLAIM_NONE;	/* another CPU made it meanwhile */
+				return 0;
+			}
+			ns = t ? rl_bucket_owes(&set->way[i], t, &now, &pace_now) : 0;
+			if (ns < best_ns) {
+				best_ns = ns;
+				best = i;
+				seen = t;
+				if (!ns)
+					break;
+			}
+		}
+		if (best < 0)
+			return 0;
+		best &= RL_BUCKET_WAYS - 1;
+		if (__sync_val_compare_and_swap(&set->way[best].tag, seen, tag) != seen)
+			continue;
+		old = READ_ONCE_U64(set->way[best].pool.v_empty);
+		__sync_val_compare_and_swap(&set->way[best].pool.v_empty, old, cl->fresh);
+		keys = bpf_map_lookup_elem(&rl_bucket_keys, &si);
+		if (keys)
+			keys->key[best] = cl->k;
+		id = cl->k.limit;
+		lc = bpf_map_lookup_elem(&rl_percpu, &id);
+		if (lc) {
+			if (cl->returning)
+				lc->stats.returned_keys++;
+			else
+				lc->stats.new_keys++;
+		}
+		cl->state = RL_CLAIM_MADE;
+		return 0;
+	}
+	return 0;
+}
+
+/* Finds the shared pool of a keyed bucket, or asks for it to be made
+ * (NULL, cl->state RL_CLAIM_ASKED: see rl_claim_or_fail). A new pool
+ * cancels the cache's (c, if any) wait for the old one (retry_ns), which an
  * eviction took away.
  * A new pool for a key this CPU's cache still holds (cached), or whose
  * fingerprint is still in its tombstone set, is a returning key; one its
  * tombstone says is not full yet starts as the evicted bucket would be now
  * (empty until full_at, then full at the limit's rate): v_empty =
  * V(full_at) - burst. Any other starts full: v_empty 0 is far below V.
- * *created says whether this call made the pool. */
+ * *created says whether this packet made the pool. */
 static __always_inline struct rl_pool *rl_bucket_pool(const struct rl_bucket_key *k, __u64 h,
-						      struct rl_stats *st, struct rl_cache *c,
+						      struct rl_claim *cl, struct rl_cache *c,
 						      bool cached, const struct rl_params *p, __u64 now,
 						      bool *created)
 {
-	struct rl_pool *pool = bpf_map_lookup_elem(&rl_buckets, k);
-	struct rl_pool fresh = {};
+	struct rl_bucket_set *set;
+	struct rl_pool *pool;
 	struct rl_tomb_set *t;
-	__u32 fp, w = RL_TOMB_WAYS;
+	__u64 tag, fresh = 0;
+	__u32 fp, si, w = RL_TOMB_WAYS;
 
-	if (pool)
+	si = rl_bucket_place(h, k->limit, k->gen, &tag);
+	set = bpf_map_lookup_elem(&rl_buckets, &si);
+	if (!set)
+		return NULL;
+	pool = rl_bucket_find(set, tag);
+	if (pool) {
+		if (cl->state == RL_CLAIM_MADE) {
+			*created = true;
+			if (c)
+				c->retry_ns = 0;
+		}
 		return pool;
+	}
+	if (cl->state != RL_CLAIM_NONE)
+		return NULL;	/* asked for once: failed */
 
 	t = rl_tomb_of(h, &fp);
 	if (t) {
@@ -264,20 +455,16 @@ static __always_inline struct rl_pool *rl_bucket_pool(const struct rl_bucket_key
 			if (o > 0) {
 				__u64 v = rl_vclock(p, now + ((__u64)o << RL_TOMB_SHIFT));
 
-				fresh.v_empty = v > p->burst ? v - p->burst : 0;
+				fresh = v > p->burst ? v - p->burst : 0;
 			}
 		}
 	}
-	if (bpf_map_update_elem(&rl_buckets, k, &fresh, BPF_NOEXIST) == 0) {
-		*created = true;
-		if (c)
-			c->retry_ns = 0;
-		if (cached || w < RL_TOMB_WAYS)
-			st->returned_keys++;
-		else
-			st->new_keys++;
-	}
-	return bpf_map_lookup_elem(&rl_buckets, k);
+	cl->k = *k;
+	cl->h = h;
+	cl->fresh = fresh;
+	cl->returning = cached || w < RL_TOMB_WAYS;
+	cl->state = RL_CLAIM_ASKED;
+	return NULL;
 }
 
 /* The override of slot s's key k, or NULL. Looked up only when the

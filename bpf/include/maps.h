@@ -197,16 +197,33 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } rl_pools SEC(".maps");
 
-/* (limit, gen, key) -> shared pool of a keyed bucket. LRU_HASH: bounded
- * memory; when full the coldest key is evicted (see rl_tombstones). The size
- * is set by user space at load time. */
+/* hash(limit, gen, key) -> a set of RL_BUCKET_WAYS keyed buckets' shared
+ * pools (rl_bucket_pool). ARRAY: a fixed-size table whose set is an inlined
+ * index and whose ways are found by tag, with no element to allocate and no
+ * list to keep; a new key takes an empty way, else one whose bucket is
+ * full, else the one full soonest (its tombstone remembers it: see
+ * rl_tombstones). BPF_F_MMAPABLE: the sets are page-aligned, each on a
+ * cache line of its own, and the agent changes a way with the same
+ * compare-and-swap as the data path. The number of sets is set by user
+ * space at load time (a power of two, rl_bucket_mask). */
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 65536);
-	__type(key, struct rl_bucket_key);
-	__type(value, struct rl_pool);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 8192);
+	__type(key, __u32);
+	__type(value, struct rl_bucket_set);
+	__uint(map_flags, BPF_F_MMAPABLE);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } rl_buckets SEC(".maps");
+
+/* The same set -> the keys of its ways, for user space: written when a key
+ * takes a way, never read by the data path. ARRAY of rl_buckets' size. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 8192);
+	__type(key, __u32);
+	__type(value, struct rl_bucket_keyset);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} rl_bucket_keys SEC(".maps");
 
 /* hash(bucket) & mask -> a set of RL_KEY_CACHE_WAYS buckets' tokens leased
  * by this CPU. PERCPU set-associative cache: the fast path of a keyed limit

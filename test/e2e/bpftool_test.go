@@ -21,7 +21,8 @@ import (
 // pinned <pinDir>/maps/rl_limits` shows the limits with named fields, from
 // BTF, through the maps symlink of the current pin layout. With the tour's
 // limit (dns, 20000 pkt/s) and count 4, the real bpftool, plain and -j, names
-// every member of struct rl_limit, and the one live entry (gen != 0) is the
+// every member of struct rl_limit (unit, key_kind and action by their enums'
+// names), and the one live entry (gen != 0) is the
 // limit's id with the share the agent wrote, 20000 / 4 = 5000 pkt/s and burst
 // 2000 / 4 = 500, in params[active]; a new count shows in the next dump.
 func TestBpftoolMapDump(t *testing.T) {
@@ -95,9 +96,11 @@ func TestBpftoolMapDump(t *testing.T) {
 			t.Errorf("count %d: params[active=%d] has rate %d, burst %d; want %d, %d (status: %d, %d)",
 				count, l.Active, p.Rate, p.Burst, wantRate, wantBurst, st.ShareRate, st.ShareBurst)
 		}
-		if l.Unit != uint8(maps.Packets) || l.Action != uint8(maps.Drop) || l.KeyKind != uint8(maps.KeyNone) {
-			t.Errorf("count %d: unit %d, action %d, key_kind %d; want packets %d, drop %d, none %d",
-				count, l.Unit, l.Action, l.KeyKind, maps.Packets, maps.Drop, maps.KeyNone)
+		// unit, key_kind and action are enums in BTF: bpftool prints
+		// their names, not numbers.
+		if l.Unit != "RL_UNIT_PACKETS" || l.Action != "RL_ACTION_DROP" || l.KeyKind != "RL_KEY_NONE" {
+			t.Errorf("count %d: unit %q, action %q, key_kind %q; want RL_UNIT_PACKETS, RL_ACTION_DROP, RL_KEY_NONE",
+				count, l.Unit, l.Action, l.KeyKind)
 		}
 	}
 }
@@ -113,9 +116,9 @@ type limitEntry struct {
 // limit decodes the members of struct rl_limit the test checks.
 func (e limitEntry) limit(tb testing.TB) (l struct {
 	Gen     uint32 `json:"gen"`
-	Unit    uint8  `json:"unit"`
-	KeyKind uint8  `json:"key_kind"`
-	Action  uint8  `json:"action"`
+	Unit    string `json:"unit"`
+	KeyKind string `json:"key_kind"`
+	Action  string `json:"action"`
 	Params  [2]struct {
 		Rate  uint64 `json:"rate"`
 		Burst uint64 `json:"burst"`
