@@ -691,8 +691,13 @@ func checkStats(b *testing.B, d *maps.Datapath, c xdpCase) {
 		b.Fatalf("pass path dropped %d packets: %+v", s.DroppedPackets, s)
 	case c.verdict != xdpPass && s.DroppedPackets < 99*s.AdmittedPackets:
 		b.Fatalf("drop path admitted %d of %d packets", s.AdmittedPackets, s.AdmittedPackets+s.DroppedPackets)
-	case c.keys > 0 && s.NewKeys != uint64(c.keys):
-		b.Fatalf("%d keys created, want %d (returned %d)", s.NewKeys, c.keys, s.ReturnedKeys)
+	case c.keys > 0 && (s.NewKeys < uint64(c.keys) || s.NewKeys+s.ReturnedKeys-uint64(c.keys) > s.AdmittedPackets/100):
+		// Every key once; and the few whose set of the table overflows
+		// (~0.4% of the keys at a quarter of its ways,
+		// TestBucketDisplacement) again on each cycle: at most 1% of the
+		// packets.
+		b.Fatalf("%d keys created, %d returned, want %d once and at most 1%% of %d packets more",
+			s.NewKeys, s.ReturnedKeys, c.keys, s.AdmittedPackets)
 	}
 }
 

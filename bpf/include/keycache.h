@@ -336,6 +336,7 @@ enum rl_claim_state {
 	RL_CLAIM_ASKED,		/* k's bucket is to be made */
 	RL_CLAIM_MADE,		/* made by this packet: its first lease notes it (rl_tomb_note) */
 	RL_CLAIM_FAILED,	/* other CPUs took the ways first: fail open */
+	RL_CLAIM_FOUND,		/* another CPU made it meanwhile */
 };
 
 /* Gives the claim's key a way of its set in rl_buckets, its pool at
@@ -373,7 +374,7 @@ __noinline int rl_bucket_claim(struct rl_claim *cl)
 			__u64 t = READ_ONCE_U64(set->way[i].tag), ns;
 
 			if (t == tag) {
-				cl->state = RL_CLAIM_NONE;	/* another CPU made it meanwhile */
+				cl->state = RL_CLAIM_FOUND;
 				return 0;
 			}
 			ns = t ? rl_bucket_owes(&set->way[i], t, &now, &pace_now) : 0;
@@ -410,7 +411,7 @@ __noinline int rl_bucket_claim(struct rl_claim *cl)
 }
 
 /* Finds the shared pool of a keyed bucket, or asks for it to be made
- * (NULL, cl->state RL_CLAIM_ASKED: see rl_claim_or_fail). A new pool
+ * (NULL, cl->state RL_CLAIM_ASKED: rl_no_pool, rl_check_claiming). A new pool
  * cancels the cache's (c, if any) wait for the old one (retry_ns), which an
  * eviction took away.
  * A new pool for a key this CPU's cache still holds (cached), or whose
@@ -444,7 +445,7 @@ static __always_inline struct rl_pool *rl_bucket_pool(const struct rl_bucket_key
 		return pool;
 	}
 	if (cl->state != RL_CLAIM_NONE)
-		return NULL;	/* asked for once: failed */
+		return NULL;	/* asked for once: fail open (or gone again at once) */
 
 	t = rl_tomb_of(h, &fp);
 	if (t) {
