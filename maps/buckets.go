@@ -78,6 +78,7 @@ func (d *Datapath) eachBucket(each func(set uint32, way int, k *bpf.RatelimitRlB
 		sets   = make([]bpf.RatelimitRlBucketSet, batch)
 		keys   = make([]bpf.RatelimitRlBucketKeyset, batch)
 		idx    = make([]uint32, batch)
+		kidx   = make([]uint32, batch)
 		cursor ebpf.MapBatchCursor
 		kc     ebpf.MapBatchCursor
 		mask   = d.objs.RlBuckets.MaxEntries() - 1
@@ -87,8 +88,7 @@ func (d *Datapath) eachBucket(each func(set uint32, way int, k *bpf.RatelimitRlB
 		if n > 0 {
 			// The keys of the same sets: written after their ways, so
 			// read after them.
-			kidx := make([]uint32, n)
-			if _, kerr := d.objs.RlBucketKeys.BatchLookup(&kc, kidx, keys[:n], nil); kerr != nil && !errors.Is(kerr, ebpf.ErrKeyNotExist) {
+			if _, kerr := d.objs.RlBucketKeys.BatchLookup(&kc, kidx[:n], keys[:n], nil); kerr != nil && !errors.Is(kerr, ebpf.ErrKeyNotExist) {
 				return fmt.Errorf("read bucket keys: %w", kerr)
 			}
 		}
@@ -132,41 +132,47 @@ func (d *Datapath) bucketTable() ([]bpf.RatelimitRlBucketSet, error) {
 	return d.buckets, nil
 }
 
-// casBucket moves the pool of key k's way from old to v_empty, if the way
-// still holds k and its pool is still at old; clear empties the way
-// instead (its tag from k's to 0). It reports whether it did.
-func (d *Datapath) casBucket(k *bpf.RatelimitRlBucketKey, old, vEmpty uint64, clear bool) (bool, error) {
+// wayOf is the way of the mapped table that holds key k, and k's tag; a
+// nil way when the table does not hold k.
+func (d *Datapath) wayOf(k *bpf.RatelimitRlBucketKey) (*bpf.RatelimitRlBucketWay, uint64, error) {
 	table, err := d.bucketTable()
 	if err != nil {
-		return false, err
+		return nil, 0, err
 	}
 	set, tag := d.placeOf(k)
 	for w := range bucketWays {
-		way := &table[set].Way[w]
-		if atomic.LoadUint64(&way.Tag) != tag {
-			continue
+		if way := &table[set].Way[w]; atomic.LoadUint64(&way.Tag) == tag {
+			return way, tag, nil
 		}
-		if clear {
-			return atomic.CompareAndSwapUint64(&way.Tag, tag, 0), nil
-		}
-		return atomic.CompareAndSwapUint64(&way.Pool.V_empty, old, vEmpty), nil
 	}
-	return false, nil
+	return nil, 0, nil
 }
 
-// lookupBucket reads the pool of key k's bucket, if the table holds it.
-func (d *Datapath) lookupBucket(k *bpf.RatelimitRlBucketKey) (vEmpty uint64, ok bool, err error) {
-	set, tag := d.placeOf(k)
-	var s bpf.RatelimitRlBucketSet
-	if err := d.objs.RlBuckets.Lookup(set, &s); err != nil {
-		return 0, false, fmt.Errorf("read bucket set %d: %w", set, err)
+// clearBucket empties key k's way, if the table holds k: its tag from k's
+// to 0, unless a new key took the way meanwhile.
+func (d *Datapath) clearBucket(k *bpf.RatelimitRlBucketKey) error {
+	way, tag, err := d.wayOf(k)
+	if way != nil {
+		atomic.CompareAndSwapUint64(&way.Tag, tag, 0)
 	}
-	for w := range bucketWays {
-		if s.Way[w].Tag == tag {
-			return s.Way[w].Pool.V_empty, true, nil
+	return err
+}
+
+// moveBucket sets the pool of key k's bucket, if the table holds it, to
+// to(its v_empty), with a compare-and-swap tried again while CPUs lease
+// from it meanwhile (a few times: a lease is a millisecond of the rate).
+func (d *Datapath) moveBucket(k *bpf.RatelimitRlBucketKey, to func(vEmpty uint64) uint64) error {
+	way, _, err := d.wayOf(k)
+	if way == nil {
+		return err // evicted, or the table could not be mapped
+	}
+	for range 8 {
+		old := atomic.LoadUint64(&way.Pool.V_empty)
+		if atomic.CompareAndSwapUint64(&way.Pool.V_empty, old, to(old)) {
+			return nil
 		}
 	}
-	return 0, false, nil
+	return nil
 }
 
 // unmapBuckets releases the table's mapping.

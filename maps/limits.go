@@ -290,7 +290,7 @@ func (d *Datapath) purgeBuckets(id, gen uint32) error {
 	// A way a new key took meanwhile is not its any more: the
 	// compare-and-swap of its tag fails, and leaves it be.
 	for i := range dead {
-		if _, err := d.casBucket(&dead[i], 0, 0, true); err != nil {
+		if err := d.clearBucket(&dead[i]); err != nil {
 			return fmt.Errorf("delete bucket: %w", err)
 		}
 	}

@@ -147,29 +147,17 @@ func (d *Datapath) SetKeyShares(id uint32, shares map[Bucket]KeyShare) error {
 	d.limits = next
 	// A key whose share went is back on the limit's clock, which is not
 	// where its own was: its pool moves by the difference, so that it
-	// owes what it owed. (A CPU that leases between the read and the
-	// write below gets its lease twice: at most a chunk.)
+	// owes what it owed. The move is a compare-and-swap of the pool, as
+	// a lease is: a CPU that leases meanwhile makes it read the pool again.
 	for k, ov := range removed {
 		vOwn, vLim := vclock(&ov.Params, now), vclock(&cur, now)
 		floor := vLim - min(vLim, cur.Burst)
-		// A CPU that leased from the pool since it was read has moved
-		// it: the swap fails, and is tried again from what it left.
-		for try := 0; ; try++ {
-			vEmpty, ok, err := d.lookupBucket(&k)
-			if err != nil {
-				return errors.Join(werr, fmt.Errorf("key shares of limit %d: %w", id, err))
-			}
-			if !ok {
-				break // evicted: its tombstone is in time, not in a clock
-			}
+		err := d.moveBucket(&k, func(vEmpty uint64) uint64 {
 			owed := vEmpty - min(vEmpty, vOwn-min(vOwn, ov.Params.Burst)) // 0..burst: the tokens it lacks
-			done, err := d.casBucket(&k, vEmpty, floor+min(owed, cur.Burst), false)
-			if err != nil {
-				return errors.Join(werr, fmt.Errorf("key shares of limit %d: move a bucket to the limit's clock: %w", id, err))
-			}
-			if done || try == 8 {
-				break
-			}
+			return floor + min(owed, cur.Burst)
+		})
+		if err != nil {
+			return errors.Join(werr, fmt.Errorf("key shares of limit %d: move a bucket to the limit's clock: %w", id, err))
 		}
 	}
 	// What was written takes effect (the epoch above), also when a write
