@@ -130,8 +130,11 @@ type BenchClsRlHotRec struct {
 }
 
 type BenchClsRlKeySet struct {
-	_   structs.HostLayout
-	Way [2]struct {
+	_      structs.HostLayout
+	Tag    [2]uint64
+	Mru    uint32
+	Leased uint32
+	Way    [2]struct {
 		_     structs.HostLayout
 		Key   BenchClsRlBucketKey
 		Cache struct {
@@ -146,8 +149,6 @@ type BenchClsRlKeySet struct {
 		Ov       uint32
 		HotShort uint64
 	}
-	Mru uint32
-	Pad uint32
 }
 
 type BenchClsRlLimit struct {

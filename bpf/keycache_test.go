@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	stdmaps "maps"
 	"net/netip"
 	"slices"
 	"testing"
@@ -256,5 +257,77 @@ func TestKeyCacheLimitsSpread(t *testing.T) {
 				t.Errorf("%d of %d keyed checks bypassed the cache, want at most 1%%: a source's buckets of different limits share cache sets", bypass, checks)
 			}
 		})
+	}
+}
+
+// TestKeyCacheWayDraws: a key that takes a way of its CPU's cache draws
+// its packet's cost straight from its bucket and leases nothing into the
+// way; its next packet leases a chunk. A way that leased gives what it
+// holds back to its bucket when another key takes it; one that only drew
+// holds nothing to give. Four sources whose buckets share a cache set of
+// two ways, one CPU, a clock that stands still (no refill): each bucket's
+// pool is counted to the token.
+func TestKeyCacheWayDraws(t *testing.T) {
+	seed := [2]uint64{0x9e3779b97f4a7c15, 0xc2b2ae3d27d4eb4f}
+	d := newDatapath(t, maps.Options{Clock: maps.ClockTest, HashSeed: seed})
+	setClock(t, d, 1e9, 0)
+	const rate, burst = 1_000_000, 1_000_000
+	l := perSecond(rate, burst)
+	l.Key = maps.KeySrcIP
+	mustSet(t, d, 0, l) // the first limit of a fresh Datapath: generation 1
+
+	// Four sources in one set of limit 0, generation 1.
+	bySet := map[uint32][]netip.Addr{}
+	var srcs []netip.Addr
+	for i := 0; srcs == nil && i < 1<<16; i++ {
+		a := netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)})
+		s := keySet(seed, 0, 1, netip.AddrFrom16(a.As16()))
+		if bySet[s] = append(bySet[s], a); len(bySet[s]) == 4 {
+			srcs = bySet[s]
+		}
+	}
+	if srcs == nil {
+		t.Fatal("no four sources share a cache set")
+	}
+	a, b, c, e := srcs[0], srcs[1], srcs[2], srcs[3]
+	t.Logf("sources %v share a cache set", srcs)
+
+	defer pinCPU(t, 0)()
+	send := func(src netip.Addr) {
+		t.Helper()
+		if v := mustRun(t, d.Program(), pkt{src: src.String(), dst: dst4, proto: protoUDP, sport: 1, dport: 53}.bytes()); v != xdpPass {
+			t.Fatalf("a packet of %s: verdict %d, want pass", src, v)
+		}
+	}
+	pools := func() map[netip.Addr]uint64 {
+		t.Helper()
+		bs, err := d.Buckets(0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[netip.Addr]uint64{}
+		for _, bk := range bs {
+			out[bk.Addr.Unmap()] = bk.Tokens
+		}
+		return out
+	}
+	chunk := uint64(rate / 1000) // rate x 1 ms, well under burst / (8 x nCPU)
+	steps := []struct {
+		what string
+		src  netip.Addr
+		want map[netip.Addr]uint64
+	}{
+		{"a's first packet: drawn, nothing leased", a, map[netip.Addr]uint64{a: burst - 1}},
+		{"a's second packet: a chunk leased", a, map[netip.Addr]uint64{a: burst - 1 - chunk}},
+		{"b takes the set's empty way", b, map[netip.Addr]uint64{a: burst - 1 - chunk, b: burst - 1}},
+		{"c takes a's way, which gives back what it holds", c, map[netip.Addr]uint64{a: burst - 2, b: burst - 1, c: burst - 1}},
+		{"b's second packet: a chunk leased", b, map[netip.Addr]uint64{a: burst - 2, b: burst - 1 - chunk, c: burst - 1}},
+		{"e takes c's way, which only drew", e, map[netip.Addr]uint64{a: burst - 2, b: burst - 1 - chunk, c: burst - 1, e: burst - 1}},
+	}
+	for _, s := range steps {
+		send(s.src)
+		if got := pools(); !stdmaps.Equal(got, s.want) {
+			t.Fatalf("%s: pools %v, want %v", s.what, got, s.want)
+		}
 	}
 }

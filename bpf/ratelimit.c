@@ -97,7 +97,7 @@ enum {
 	MATCH_REJECT = 1,	/* empty, action drop: the packet is dropped */
 	MATCH_SHADOW = 2,	/* empty, action shadow: counted, draws nothing */
 	MATCH_FAIL_OPEN = 3,	/* no room for a bucket: passes, draws nothing */
-	MATCH_ADMIT_DRAWN = 4,	/* admitted, cost already drawn from the pool (rl_check_direct, rl_check_pace) */
+	MATCH_ADMIT_DRAWN = 4,	/* admitted, cost already drawn from the pool (a way just taken, rl_check_direct, rl_check_pace) */
 	MATCH_HORIZON = 5,	/* paced, departure beyond the horizon: the packet is dropped */
 	MATCH_REPLY = 6,	/* empty, action reject: the packet is dropped, and answered if it may be */
 	MATCH_CLAIM = 7,	/* a new keyed bucket is to be made first (struct rl_claim): check again then */
@@ -406,7 +406,7 @@ __noinline int rl_check(const struct pkt *p, struct rl_decision *d, __u32 i)
 	__u32 seq;
 	__u64 h = 0;	/* a keyed bucket's hash */
 	enum rl_lease_result lr;
-	bool created = false;
+	bool created = false, cached_way = true;
 	__u32 id;
 
 	if (!p || !d || i >= RL_MAX_MATCH)
@@ -435,6 +435,8 @@ __noinline int rl_check(const struct pkt *p, struct rl_decision *d, __u32 i)
 			return MATCH_FAIL_OPEN;
 		w = r.way;
 		cached = w < RL_KEY_CACHE_WAYS;
+		/* A way taken by the check before a claim is as new. */
+		cached_way = cached && d->claim.state == RL_CLAIM_NONE;
 		if (!cached) {
 			w = rl_key_victim(r.set, d, i, r.si);
 			if (w >= RL_KEY_CACHE_WAYS)
@@ -446,15 +448,16 @@ __noinline int rl_check(const struct pkt *p, struct rl_decision *d, __u32 i)
 		m->slot = r.si * RL_KEY_CACHE_WAYS + w;
 		c = &s->cache;
 		if (!cached) {
-			/* Another bucket's way: hand its tokens back and take it. */
-			if (c->tokens && s->key.gen) {
-				struct rl_pool *old = rl_bucket_lookup(rl_hash(d->seed, s->key.limit, s->key.gen,
-									       s->key.addr),
-								       s->key.limit, s->key.gen);
+			/* Another bucket's way: hand its tokens back, if it
+			 * leased any, and take it. Its hash is its tag. */
+			if (((r.set->leased >> w) & 1) && c->tokens && s->key.gen) {
+				struct rl_pool *old = rl_bucket_lookup(r.set->tag[w], s->key.limit, s->key.gen);
 
 				if (old)
 					rl_give_back(old, c->tokens);
 			}
+			r.set->tag[w] = r.h;
+			r.set->leased &= ~(1U << w);
 			s->key = r.k;
 			c->tokens = 0;
 			c->retry_ns = 0;
@@ -465,6 +468,8 @@ __noinline int rl_check(const struct pkt *p, struct rl_decision *d, __u32 i)
 		}
 		if (c->tokens >= m->cost)
 			return MATCH_ADMIT;
+		if (cached_way)
+			r.set->leased |= 1U << w;	/* it leases below (or fails to) */
 		ov = rl_key_override(s, &r.k, lim);
 		if (ov) {
 			/* A share of its own: its clock, and a seq that no
@@ -492,7 +497,16 @@ __noinline int rl_check(const struct pkt *p, struct rl_decision *d, __u32 i)
 		if (!pool)
 			return MATCH_FAIL_OPEN;
 	}
-	{
+	if (s && !cached_way) {
+		/* A way just taken: the packet's cost straight from the bucket,
+		 * and no chunk into the way, so that a key of one packet (a
+		 * flood of sources) leaves the way owing its bucket nothing:
+		 * the key that takes it next has nothing to give back, and
+		 * reads no third line. The key's next packet leases. */
+		lr = rl_draw(pool, pp, m->cost, rl_now(&d->now));
+		if (ov && lr == RL_LEASE_OK)
+			__sync_fetch_and_add(&ov->leased, m->cost);
+	} else {
 		__u64 held = c->tokens;
 
 		lr = rl_lease(pool, c, pp, seq, m->cost, rl_now(&d->now));
@@ -503,6 +517,8 @@ __noinline int rl_check(const struct pkt *p, struct rl_decision *d, __u32 i)
 		rl_tomb_note(h, pool, pp, d->now, created);
 	if (s && lr != RL_LEASE_OK && lim->hot)
 		rl_hot_note(s, m->cost, d->now, d->hot_shift);
+	if (s && !cached_way && lr == RL_LEASE_OK)
+		return MATCH_ADMIT_DRAWN;
 	return rl_lease_state(lr, lim);
 }
 

@@ -248,10 +248,11 @@ const (
 )
 
 type RatelimitRlKeySet struct {
-	_   structs.HostLayout
-	Way [2]RatelimitRlKeySlot
-	Mru uint32
-	Pad uint32
+	_      structs.HostLayout
+	Tag    [2]uint64
+	Mru    uint32
+	Leased uint32
+	Way    [2]RatelimitRlKeySlot
 }
 
 type RatelimitRlKeySlot struct {

@@ -634,14 +634,21 @@ func TestBucketStartsFull(t *testing.T) {
 	t.Run("largest burst", func(t *testing.T) {
 		burst := MaxRate * MaxBurstSeconds
 		mustSetLimit(t, d, 2, Limit{Rate: MaxRate, Burst: burst, Key: KeySrcIP, Match: match})
+		// The key's first packet draws its own cost, leasing no chunk;
+		// the next one, on the same CPU, leases.
+		defer testenv.PinCPU(t, firstCPU(t))()
 		mustPass(t, d, udpPacket("10.0.0.1", "10.9.9.9", 53), 1)
-		c := chunk(MaxRate, burst, 1)
-		checkBuckets(t, d, 2, map[string]uint64{"10.0.0.1": burst - c})
+		checkBuckets(t, d, 2, map[string]uint64{"10.0.0.1": burst - 1})
+		mustPass(t, d, udpPacket("10.0.0.1", "10.9.9.9", 53), 1)
+		checkBuckets(t, d, 2, map[string]uint64{"10.0.0.1": burst - 1 - chunk(MaxRate, burst, 1)})
 	})
 }
 
 func TestChangeLimit(t *testing.T) {
 	t.Parallel()
+	// Exact counts: every packet on one CPU, whose cache holds what its
+	// leases of 2 leave over.
+	defer testenv.PinCPU(t, firstCPU(t))()
 	d := loadTestClock(t)
 	pkt := udpPacket("10.0.0.1", "10.9.9.9", 53)
 	l := Limit{Rate: 1000, Burst: 100, Key: KeySrcIP, Match: Match{Protocol: UDP, DstPorts: ports(PortRange{53, 53})}}

@@ -437,11 +437,18 @@ struct rl_hot_rec {
 };
 
 /* One set of the per-CPU keyed-bucket cache: the buckets whose hash selects
- * it, least recently used replaced first. */
+ * it, least recently used replaced first. What a packet of a key the set
+ * does not hold reads is its first line: the ways' hashes, which way was
+ * used last and which ways may hold tokens (rl_key_find, and the way it
+ * takes then, rl_check); the ways themselves it only writes. A flood of
+ * new sources then costs one line of this cache a packet, not three. */
 struct rl_key_set {
-	struct rl_key_slot way[RL_KEY_CACHE_WAYS];
+	__u64 tag[RL_KEY_CACHE_WAYS];	/* rl_hash of each way's key; 0: never taken */
 	__u32 mru;	/* the way used last */
-	__u32 pad;
+	/* Bit w: way w leased tokens since its key took it (it may hold
+	 * some, to give back when another key takes the way). */
+	__u32 leased;
+	struct rl_key_slot way[RL_KEY_CACHE_WAYS];
 };
 
 /* Counters that belong to no limit, per CPU. */

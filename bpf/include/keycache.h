@@ -143,9 +143,11 @@ static __always_inline bool rl_key_find(const struct rl_limit *lim, __u32 id, co
 	r->set = bpf_map_lookup_elem(&rl_key_cache, &r->si);
 	if (!r->set)
 		return false;
-	if (rl_key_equal(&r->set->way[0].key, &r->k))
+	/* The hashes first (the set's first line); a way's key only where
+	 * its hash is the packet's. */
+	if (r->set->tag[0] == r->h && rl_key_equal(&r->set->way[0].key, &r->k))
 		r->way = 0;
-	else if (rl_key_equal(&r->set->way[1].key, &r->k))
+	else if (r->set->tag[1] == r->h && rl_key_equal(&r->set->way[1].key, &r->k))
 		r->way = 1;
 	else
 		r->way = RL_KEY_CACHE_WAYS;

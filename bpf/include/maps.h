@@ -231,7 +231,7 @@ struct {
  * atomic. Two ways keep two keys that hash alike from taking the slot from
  * each other on every packet (with one way, 11% of 1,000 keys did). A key
  * that finds its set full takes the least recently used way and hands that
- * bucket's tokens back. */
+ * bucket's tokens back, if the way leased any (struct rl_key_set). */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, RL_KEY_CACHE_SETS);
