@@ -73,6 +73,9 @@ type live struct {
 func loadLive(tb testing.TB, keys uint32) *live {
 	tb.Helper()
 	testenv.RequireRoot(tb)
+	if err := bpftest.LiveFramesRefused(tb); err != nil {
+		testenv.HostRefuses(tb, "live frames (BPF_F_TEST_XDP_LIVE_FRAMES)", err)
+	}
 	l := &live{}
 	if err := bpf.LoadBenchObjects(&l.objs, nil); err != nil {
 		tb.Fatalf("load bench.c: %v", err)

@@ -11,6 +11,7 @@ package bpftest
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net/netip"
 	"testing"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
+	"golang.org/x/sys/unix"
 )
 
 // Verdicts of the test programs.
@@ -148,6 +150,25 @@ func Load(tb testing.TB, typ ebpf.ProgramType, name string, insns asm.Instructio
 	}
 	tb.Cleanup(func() { prog.Close() })
 	return prog
+}
+
+// LiveFramesRefused returns the kernel's refusal of BPF_PROG_TEST_RUN with
+// BPF_F_TEST_XDP_LIVE_FRAMES to any program (EPERM for one frame of an
+// XDP_DROP of two instructions, in no namespace of the test's), or nil when
+// the kernel allows it or fails it otherwise: what the test itself then
+// meets is its own failure. Some sandboxes refuse live frames to root with
+// CAP_BPF and CAP_NET_ADMIN.
+func LiveFramesRefused(tb testing.TB) error {
+	tb.Helper()
+	prog := Load(tb, ebpf.XDP, "live_probe", asm.Instructions{
+		asm.Mov.Imm(asm.R0, 1), // XDP_DROP
+		asm.Return(),
+	})
+	_, err := prog.Run(&ebpf.RunOptions{Data: make([]byte, 60), Repeat: 1, Flags: unix.BPF_F_TEST_XDP_LIVE_FRAMES})
+	if errors.Is(err, unix.EPERM) {
+		return err
+	}
+	return nil
 }
 
 // RedirectPeer is a TC program that hands packets to the peer of the veth

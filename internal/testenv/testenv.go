@@ -92,6 +92,24 @@ func HostOnly(tb testing.TB, why string) {
 	}
 }
 
+// HostRefuses skips tb on a host whose kernel refuses feature, a thing
+// the test needs, to any program: a policy of the machine (a sandbox's),
+// not a kernel that lacks the feature, shown by refusal, the error of a
+// probe that asks for the feature in its least form. It skips even with
+// RLAGENT_REQUIRE_ROOT_TESTS=1, as HostOnly does in the VMs, because make
+// vmtest runs the test again in its VMs, whose kernels answer for
+// themselves: there the same refusal fails the test under
+// RLAGENT_REQUIRE_ROOT_TESTS=1, so CI still proves it.
+func HostRefuses(tb testing.TB, feature string, refusal error) {
+	tb.Helper()
+	if os.Getenv(VMTestEnv) == "1" {
+		SkipOrFail(tb, "the kernel refuses %s: %v", feature, refusal)
+		return
+	}
+	tb.Skipf("this host's kernel refuses %s to any program (%v): a policy of the machine; "+
+		"make vmtest runs this test in its VMs, where it may not skip", feature, refusal)
+}
+
 // BPFFS returns a path, not yet created, on a BPF filesystem private to the
 // test: a fresh directory under /sys/fs/bpf when that is a bpffs, otherwise
 // a bpffs mounted on a temporary directory. Both go away in Cleanup.

@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -67,6 +68,35 @@ func TestRequireRoot(t *testing.T) {
 			var r recorder
 			RequireRoot(&r)
 			checkOutcome(t, &r, tt.wantSkip, tt.wantFatal, "needs root")
+		})
+	}
+}
+
+// TestHostRefuses: a host that refuses a feature skips the test even when
+// skips are forbidden (make vmtest runs it again); a VM that refuses it
+// fails the test then.
+func TestHostRefuses(t *testing.T) {
+	tests := []struct {
+		name      string
+		vm, env   string
+		wantSkip  bool
+		wantFatal bool
+	}{
+		{name: "host", vm: "", env: "", wantSkip: true},
+		{name: "host with env", vm: "", env: "1", wantSkip: true},
+		{name: "vm", vm: "1", env: "", wantSkip: true},
+		{name: "vm with env", vm: "1", env: "1", wantFatal: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Setenv(RequireRootEnv, tt.env)
+			t.Setenv(VMTestEnv, tt.vm)
+			var r recorder
+			HostRefuses(&r, "live frames", errors.New("operation not permitted"))
+			checkOutcome(t, &r, tt.wantSkip, tt.wantFatal, "refuses live frames")
+			if tt.vm == "" && !strings.Contains(r.skipped, "make vmtest") {
+				t.Errorf("a host's skip %q does not say where the test runs", r.skipped)
+			}
 		})
 	}
 }
