@@ -82,8 +82,11 @@ func vmRSS(pid int) (int64, error) {
 // The buckets are made by real frames: one UDP frame from each of
 // 1,000,000 sources (10.128.0.0/12), sent into the agent's interface from
 // a packet socket in the client's namespace, under a keyed limit whose
-// rate they never reach. RLAGENT_BENCH_KEYS_WINDOW shortens the windows
-// for a quick look.
+// rate they never reach, in a table of 2^21 buckets (maxBuckets): at that
+// load its 4-way sets hold all but a few in a thousand (a set that five
+// of them hash to keeps four), so the benchmark asks for 99% of them
+// (held-keys). RLAGENT_BENCH_KEYS_WINDOW shortens the windows for a quick
+// look.
 func BenchmarkAgentKeys(b *testing.B) {
 	testenv.RequireRoot(b)
 	const keys = 1_000_000
@@ -122,8 +125,10 @@ func BenchmarkAgentKeys(b *testing.B) {
 			b.Fatal(err)
 		}
 		base := netip.MustParseAddr("10.128.0.0").As4()
+		// At least this many sources hold a bucket (see above).
+		const want = keys * 99 / 100
 		held := 0
-		for pass := 0; pass < 3 && held < keys; pass++ {
+		for pass := 0; pass < 3 && held < want; pass++ {
 			for i := range uint32(keys) {
 				src := base
 				src[1] |= byte(i >> 16)
@@ -135,8 +140,8 @@ func BenchmarkAgentKeys(b *testing.B) {
 			held = keysOf(b, e, "l0")
 		}
 		pc.Close()
-		if held < keys {
-			b.Fatalf("l0 holds %d buckets after 3 passes of %d sources", held, keys)
+		if held < want {
+			b.Fatalf("l0 holds %d buckets after 3 passes of %d sources, want at least %d", held, keys, want)
 		}
 
 		var rss, cpu []float64
@@ -157,12 +162,13 @@ func BenchmarkAgentKeys(b *testing.B) {
 			}
 			rss = append(rss, float64(r)/(1<<20))
 		}
-		if k := keysOf(b, e, "l0"); k < keys {
-			b.Fatalf("l0 holds %d buckets after the windows, want %d", k, keys)
+		if k := keysOf(b, e, "l0"); k < held {
+			b.Fatalf("l0 holds %d buckets after the windows, %d before them: want none lost", k, held)
 		}
 		mid := func(v []float64) float64 { s := slices.Clone(v); slices.Sort(s); return s[len(s)/2] }
-		b.Logf("RSS %.1f MiB, CPU %.2f%% of a core (windows of %v: %.1f, %.2f%%; %.1f, %.2f%%; %.1f, %.2f%%)",
-			mid(rss), mid(cpu), window, rss[0], cpu[0], rss[1], cpu[1], rss[2], cpu[2])
+		b.Logf("%d buckets; RSS %.1f MiB, CPU %.2f%% of a core (windows of %v: %.1f, %.2f%%; %.1f, %.2f%%; %.1f, %.2f%%)",
+			held, mid(rss), mid(cpu), window, rss[0], cpu[0], rss[1], cpu[1], rss[2], cpu[2])
+		b.ReportMetric(float64(held), "held-keys")
 		b.ReportMetric(mid(rss), "MiB-rss")
 		b.ReportMetric(mid(cpu), "cpu-pct")
 		a.Stop(syscall.SIGTERM, 5*time.Second)
