@@ -18,7 +18,8 @@ import (
 
 // TestProtectEgressNeedsSocket: at an uplink's TC egress a protect rule
 // exempts only what the node itself sends, with a local socket. With an
-// egress limit that admits nothing and the rule ssh (tcp, local port 22):
+// egress limit of one packet a second (burst 1) and the rule ssh (tcp,
+// local port 22):
 //   - the node's own sshd-like server on port 22 answers the remote:
 //     every exchange completes (its packets leave from a node address, with
 //     a socket);
@@ -26,6 +27,13 @@ import (
 //     the node out of the same uplink, is limited: no exchange completes.
 //     On 54615ce the rule matched any packet from port 22, and every one
 //     did.
+//
+// A pod's exchange sends 4,096 bytes, three segments, so that it needs
+// four packets to leave (its SYN and the segments) within its 500 ms,
+// where the limit lets two at most: the token in its bucket, and the next,
+// which accrues at a whole second of the limit's clock and so may come a
+// moment after the first left. With 64 bytes (two packets), one of a CI
+// run's ten exchanges once completed that way.
 func TestProtectEgressNeedsSocket(t *testing.T) {
 	r := newRig(t, nettest.TopologyConfig{Uplink: true, RoutedPods: []string{"p"}})
 	pod := r.topo.Pod("p")
@@ -53,7 +61,8 @@ func TestProtectEgressNeedsSocket(t *testing.T) {
 		fromPod := 0
 		var last error
 		for i := range 5 {
-			err := exchangeFrom(pod.NS, netip.AddrPortFrom(pod.Addr(v6), 22), netip.AddrPortFrom(remote, uint16(remotePorts+i)), 500*time.Millisecond)
+			err := exchangeFrom(pod.NS, netip.AddrPortFrom(pod.Addr(v6), 22), netip.AddrPortFrom(remote, uint16(remotePorts+i)),
+				4096, 500*time.Millisecond)
 			if err == nil {
 				fromPod++
 			} else {
@@ -68,9 +77,9 @@ func TestProtectEgressNeedsSocket(t *testing.T) {
 }
 
 // exchangeFrom connects from ns to dst, from the local address from (any,
-// if from is the zero AddrPort), sends 64 bytes, reads them back and
+// if from is the zero AddrPort), sends size bytes, reads them back and
 // closes, all within timeout.
-func exchangeFrom(ns *nettest.NS, from, dst netip.AddrPort, timeout time.Duration) error {
+func exchangeFrom(ns *nettest.NS, from, dst netip.AddrPort, size int, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	var c net.Conn
 	if err := ns.Do(func() (err error) {
@@ -96,7 +105,7 @@ func exchangeFrom(ns *nettest.NS, from, dst netip.AddrPort, timeout time.Duratio
 	}
 	defer c.Close()
 	c.SetDeadline(deadline)
-	msg := []byte(strings.Repeat("protected", 8)[:64])
+	msg := []byte(strings.Repeat("protected", size/9+1)[:size])
 	if _, err := c.Write(msg); err != nil {
 		return err
 	}

@@ -186,7 +186,7 @@ func echoServer(t *testing.T, ns *nettest.NS, port int) {
 // exchange connects from ns to dst, sends 64 bytes, reads them back and
 // closes, all within timeout.
 func exchange(ns *nettest.NS, dst netip.AddrPort, timeout time.Duration) error {
-	return exchangeFrom(ns, netip.AddrPort{}, dst, timeout)
+	return exchangeFrom(ns, netip.AddrPort{}, dst, 64, timeout)
 }
 
 // exchanges runs n exchanges one after the other and returns how many
