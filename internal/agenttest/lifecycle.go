@@ -9,14 +9,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/rlagent/rlagent/internal/nettest"
@@ -73,11 +71,10 @@ var netnsSeq atomic.Int64
 // namespace, and a mount namespace of its own, a slave of the host's, with
 // a fresh sysfs on /sys, where the host's bpffs at /sys/fs/bpf is not.
 //
-// Without the ip command (a minimal VM), it does the same steps itself
-// (iproute2's netns_switch): on a thread of its own, enter ns, unshare the
-// mount namespace, make / a recursive slave, detach /sys and mount a sysfs
-// there; then start the agent from that thread, which it inherits all of
-// this from. via says which way it went.
+// Without the ip command (a minimal VM), nettest's launcher takes the same
+// steps in the agent's process before it becomes the agent
+// (NS.StartIPNetnsExec): the test binary must call nettest.MaybeExec first
+// in TestMain. via says which way it went.
 func StartAgentIPNetnsExec(tb testing.TB, ns *nettest.NS, bin string, args ...string) (a *Agent, via string) {
 	tb.Helper()
 	argv := append([]string{bin, "run"}, args...)
@@ -89,8 +86,7 @@ func StartAgentIPNetnsExec(tb testing.TB, ns *nettest.NS, bin string, args ...st
 		return startCmd(tb, cmd, cmd.Start, args), "ip netns exec"
 	}
 	cmd := exec.Command(bin, argv[1:]...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	return startCmd(tb, cmd, func() error { return startNetnsSwitched(ns, cmd) }, args), "netns_switch in Go (no ip command)"
+	return startCmd(tb, cmd, func() error { return ns.StartIPNetnsExec(cmd) }, args), "nettest's launcher (no ip command)"
 }
 
 // nameNS gives ns a name under /run/netns for `ip netns exec`.
@@ -114,36 +110,6 @@ func nameNS(tb testing.TB, ns *nettest.NS, name string) {
 		}
 		os.Remove(path)
 	})
-}
-
-// startNetnsSwitched starts cmd as `ip netns exec` would, without ip.
-func startNetnsSwitched(ns *nettest.NS, cmd *exec.Cmd) error {
-	errc := make(chan error, 1)
-	go func() {
-		// Never unlocked: the thread's namespaces are changed for good, and
-		// the runtime ends it with this goroutine. (No parent-death signal
-		// on cmd: it would fire when this thread ends.)
-		runtime.LockOSThread()
-		errc <- func() error {
-			if err := netns.Set(ns.Handle()); err != nil {
-				return fmt.Errorf("enter %s: %w", ns.Name, err)
-			}
-			if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
-				return fmt.Errorf("unshare mount namespace: %w", err)
-			}
-			if err := unix.Mount("", "/", "none", unix.MS_SLAVE|unix.MS_REC, ""); err != nil {
-				return fmt.Errorf("make / a slave: %w", err)
-			}
-			if err := unix.Unmount("/sys", unix.MNT_DETACH); err != nil {
-				return fmt.Errorf("detach /sys: %w", err)
-			}
-			if err := unix.Mount(ns.Name, "/sys", "sysfs", 0, ""); err != nil {
-				return fmt.Errorf("mount sysfs: %w", err)
-			}
-			return cmd.Start() // forks from this thread
-		}()
-	}()
-	return <-errc
 }
 
 // startCmd starts cmd with start and makes it an Agent, as StartAgent does.

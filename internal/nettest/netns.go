@@ -153,8 +153,13 @@ func onLockedThread[T any](fn func() (T, error)) (T, error) {
 }
 
 // execEnv carries the launcher request from Start to MaybeExec: the
-// namespace is the child's file descriptor 3.
-const execEnv = "RLAGENT_NETTEST_NETNS_EXEC"
+// namespace is the child's file descriptor 3. mountEnv asks the launcher
+// for the mount steps of `ip netns exec` too (StartIPNetnsExec); its value
+// names the sysfs it mounts.
+const (
+	execEnv  = "RLAGENT_NETTEST_NETNS_EXEC"
+	mountEnv = "RLAGENT_NETTEST_NETNS_MOUNTS"
+)
 
 // Start starts cmd in the namespace. cmd is built as usual with
 // exec.Command (its Path, Args, Env, Dir, Stdout and Stderr are kept); Start
@@ -165,7 +170,21 @@ const execEnv = "RLAGENT_NETTEST_NETNS_EXEC"
 // The process gets its own process group (a Ctrl-C on the terminal reaches
 // only the caller, which decides how to stop it) and is killed if the caller
 // dies.
-func (ns *NS) Start(cmd *exec.Cmd) error {
+func (ns *NS) Start(cmd *exec.Cmd) error { return ns.start(cmd, false) }
+
+// StartIPNetnsExec starts cmd as Start does, with what `ip netns exec`
+// gives a program besides its network namespace (iproute2's
+// netns_switch): a mount namespace of its own, whose / is a recursive slave
+// of the caller's, with a fresh sysfs on /sys, so that the caller's mounts
+// under /sys (its bpffs at /sys/fs/bpf) are not there. The launcher takes
+// these steps in the child, before it becomes cmd's program: no thread of
+// the caller ever leaves its own mount namespace (a thread that did would
+// hold the new namespace, and every mount made in it, for as long as the
+// caller runs if the runtime could not end that thread, as it cannot end
+// the main one).
+func (ns *NS) StartIPNetnsExec(cmd *exec.Cmd) error { return ns.start(cmd, true) }
+
+func (ns *NS) start(cmd *exec.Cmd, mounts bool) error {
 	if cmd.Err != nil {
 		return cmd.Err
 	}
@@ -186,6 +205,9 @@ func (ns *NS) Start(cmd *exec.Cmd) error {
 		cmd.Env = os.Environ()
 	}
 	cmd.Env = append(cmd.Env, execEnv+"=1")
+	if mounts {
+		cmd.Env = append(cmd.Env, mountEnv+"="+ns.Name)
+	}
 	cmd.ExtraFiles = []*os.File{f} // fd 3 in the child
 	if cmd.SysProcAttr == nil {
 		cmd.SysProcAttr = &syscall.SysProcAttr{}
@@ -224,9 +246,37 @@ func MaybeExec() {
 		fail(fmt.Errorf("enter network namespace: %w", err))
 	}
 	unix.CloseOnExec(3)
-	env := slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, execEnv+"=") })
+	if name, ok := os.LookupEnv(mountEnv); ok {
+		if err := ipNetnsExecMounts(name); err != nil {
+			fail(err)
+		}
+	}
+	env := slices.DeleteFunc(os.Environ(), func(kv string) bool {
+		return strings.HasPrefix(kv, execEnv+"=") || strings.HasPrefix(kv, mountEnv+"=")
+	})
 	err := syscall.Exec(os.Args[1], os.Args[1:], env)
 	fail(fmt.Errorf("exec %s: %w", os.Args[1], err))
+}
+
+// ipNetnsExecMounts takes the mount steps of `ip netns exec` on the calling
+// thread, which the launcher then replaces with the program: unshare the
+// mount namespace, make / a recursive slave (the host's mounts still reach
+// it, its own do not reach the host), and replace /sys with a sysfs of the
+// new network namespace, named name.
+func ipNetnsExecMounts(name string) error {
+	if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+		return fmt.Errorf("unshare mount namespace: %w", err)
+	}
+	if err := unix.Mount("", "/", "none", unix.MS_SLAVE|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("make / a slave: %w", err)
+	}
+	if err := unix.Unmount("/sys", unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("detach /sys: %w", err)
+	}
+	if err := unix.Mount(name, "/sys", "sysfs", 0, ""); err != nil {
+		return fmt.Errorf("mount sysfs: %w", err)
+	}
+	return nil
 }
 
 // link opens a netlink handle in ns and finds ifname in it. The caller

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -171,6 +172,101 @@ func TestStartRunsTheProgramInTheNamespace(t *testing.T) {
 	want := fmt.Sprintf("NS=net:[%d] PID=%d", nsInode(t, int(ns.Handle())), cmd.Process.Pid)
 	if !strings.Contains(out.String(), want) {
 		t.Errorf("output %q, want a line %q", out.String(), want)
+	}
+}
+
+// TestStartIPNetnsExecLeavesTheCallerAlone: a program started as `ip netns
+// exec` starts one runs in the namespace, in a mount namespace of its own
+// with the namespace's sysfs on /sys and none of the caller's mounts under
+// it; and no thread of the caller is left in another mount or network
+// namespace, however many are started (a thread left in the program's
+// mount namespace would keep it, and a bpffs mounted in it, alive: a
+// killed agent's pins and XDP link with them).
+func TestStartIPNetnsExecLeavesTheCallerAlone(t *testing.T) {
+	if os.Getenv("NETTEST_HELPER") == "mounts" {
+		mnt, err1 := os.Readlink("/proc/self/ns/mnt")
+		net, err2 := os.Readlink("/proc/self/ns/net")
+		info, err3 := os.ReadFile("/proc/self/mountinfo")
+		if err := errors.Join(err1, err2, err3); err != nil {
+			t.Fatal(err)
+		}
+		fmt.Printf("NET=%s MNT=%s\n", net, mnt)
+		for line := range strings.SplitSeq(string(info), "\n") {
+			// ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [TAGS...] - FSTYPE SOURCE SUPER
+			f := strings.Fields(line)
+			sep := slices.Index(f, "-")
+			if len(f) > 4 && sep > 0 && sep+2 < len(f) && strings.HasPrefix(f[4], "/sys") {
+				fmt.Printf("MOUNT %s %s %s\n", f[4], f[sep+1], f[sep+2])
+			}
+		}
+		return
+	}
+	testenv.RequireRoot(t)
+	ns, err := NewNS("ipnetnsexec")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ownMnt, err1 := os.Readlink("/proc/self/ns/mnt")
+	ownNet, err2 := os.Readlink("/proc/self/ns/net")
+	if err := errors.Join(err1, err2); err != nil {
+		t.Fatal(err)
+	}
+	wantNet := fmt.Sprintf("NET=net:[%d] ", nsInode(t, int(ns.Handle())))
+
+	const runs = 50 // the old way in the test process left its main thread behind in 1 of 200 or fewer
+	for i := range runs {
+		cmd := exec.Command(self, "-test.run=^TestStartIPNetnsExecLeavesTheCallerAlone$")
+		cmd.Env = append(os.Environ(), "NETTEST_HELPER=mounts")
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := ns.StartIPNetnsExec(cmd); err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Wait(); err != nil {
+			t.Fatalf("%v: %s", err, out.String())
+		}
+		if i > 0 {
+			continue
+		}
+		got := out.String()
+		t.Logf("the program's view:\n%s", got)
+		if !strings.Contains(got, wantNet) {
+			t.Errorf("the program is not in %s: want %q", ns.Name, wantNet)
+		}
+		if strings.Contains(got, "MNT="+ownMnt+"\n") {
+			t.Errorf("the program runs in the caller's mount namespace %s", ownMnt)
+		}
+		var sys []string
+		for line := range strings.SplitSeq(got, "\n") {
+			if rest, ok := strings.CutPrefix(line, "MOUNT "); ok {
+				sys = append(sys, rest)
+			}
+		}
+		if want := []string{"/sys sysfs " + ns.Name}; !slices.Equal(sys, want) {
+			t.Errorf("the program's mounts at and under /sys: %q, want %q (a fresh sysfs, none of the caller's)", sys, want)
+		}
+	}
+
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, task := range tasks {
+		dir := "/proc/self/task/" + task.Name()
+		mnt, err1 := os.Readlink(dir + "/ns/mnt")
+		net, err2 := os.Readlink(dir + "/ns/net")
+		if errors.Join(err1, err2) != nil {
+			continue // the thread ended meanwhile
+		}
+		if mnt != ownMnt || net != ownNet {
+			t.Errorf("after %d programs started, thread %s is in %s and %s, want the process's %s and %s",
+				runs, task.Name(), mnt, net, ownMnt, ownNet)
+		}
 	}
 }
 
