@@ -83,23 +83,39 @@ func TestPreparePinDirRefuses(t *testing.T) {
 }
 
 // inPrivateMountNS runs fn on a thread in a new mount namespace of its own,
-// a slave of the host's as under `ip netns exec`. The thread is thrown away
-// afterwards (it stays locked), and its namespace with it.
+// a slave of the host's as under `ip netns exec`. Afterwards the thread
+// goes back to the process's mount namespace, so that the new one and its
+// mounts go, and is thrown away (it stays locked: since the unshare, its
+// filesystem context is its own). Going back matters: the runtime wedges
+// the main thread rather than ending it, and a main thread left in the new
+// namespace would hold it for the process's life.
 func inPrivateMountNS(t *testing.T, fn func()) {
 	t.Helper()
 	done := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread() // never unlocked: the runtime ends the thread
+		orig, err := unix.Open("/proc/thread-self/ns/mnt", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			done <- fmt.Errorf("open mount namespace: %w", err)
+			return
+		}
+		defer unix.Close(orig)
 		if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
 			done <- fmt.Errorf("unshare mount namespace: %w", err)
 			return
 		}
+		var ferr error
+		defer func() {
+			if err := unix.Setns(orig, unix.CLONE_NEWNS); err != nil {
+				ferr = errors.Join(ferr, fmt.Errorf("return to the mount namespace: %w", err))
+			}
+			done <- ferr
+		}()
 		if err := unix.Mount("", "/", "", unix.MS_SLAVE|unix.MS_REC, ""); err != nil {
-			done <- fmt.Errorf("make / a slave: %w", err)
+			ferr = fmt.Errorf("make / a slave: %w", err)
 			return
 		}
 		fn()
-		done <- nil
 	}()
 	if err := <-done; err != nil {
 		t.Fatal(err)
