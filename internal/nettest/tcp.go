@@ -457,8 +457,20 @@ func (c *Connector) run() {
 	// or a hand-off to another thread (two wake-ups, ~180 us here) would
 	// cost more than the pacing interval at high rates. The lock is never
 	// undone: when run returns, the runtime ends the thread with it, so no
-	// thread goes back to the scheduler in a foreign namespace.
+	// thread goes back to the scheduler in a foreign namespace. The thread
+	// still goes back to the process's namespace first: the runtime wedges
+	// the main thread rather than ending it, and one left in ns would keep
+	// ns, with its interfaces, for the process's life.
 	runtime.LockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		c.fail(fmt.Errorf("enter %s: %w", c.ns.Name, err))
+		return
+	}
+	defer func() {
+		netns.Set(orig)
+		orig.Close()
+	}()
 	if err := netns.Set(c.ns.h); err != nil {
 		c.fail(fmt.Errorf("enter %s: %w", c.ns.Name, err))
 		return
