@@ -218,6 +218,23 @@ static __always_inline struct rl_limit *rl_limit_of(__u32 id, struct rl_limit_cp
 	return lim;
 }
 
+/* A limit's generation and parameter sequence, and those a CPU's cache
+ * was filled under, each read as one word: equal if both are. */
+_Static_assert(__builtin_offsetof(struct rl_limit, seq) == __builtin_offsetof(struct rl_limit, gen) + 4 &&
+		       __builtin_offsetof(struct rl_limit, gen) % 8 == 0, "rl_limit_version reads gen and seq as one word");
+_Static_assert(__builtin_offsetof(struct rl_cache, seq) == __builtin_offsetof(struct rl_cache, gen) + 4 &&
+		       __builtin_offsetof(struct rl_cache, gen) % 8 == 0, "rl_cache_version reads gen and seq as one word");
+
+static __always_inline __u64 rl_limit_version(const struct rl_limit *lim)
+{
+	return *(const __u64 *)&lim->gen;
+}
+
+static __always_inline __u64 rl_cache_version(const struct rl_cache *c)
+{
+	return *(const __u64 *)&c->gen;
+}
+
 /* What a packet costs a limit, in its units: its wire bytes, its segments,
  * or one connection attempt (only such packets reach a connections limit:
  * rl_classify). */
@@ -715,11 +732,12 @@ static __always_inline int rl_decide_one(const struct pkt *p, const struct rl_co
 
 	if (lim->key_kind == RL_KEY_NONE) {
 		c = &lc->cache;
-		if (c->gen != lim->gen)
-			goto slow;
 		if (c->tokens < cost) {
-			/* The pool was short: over limit until a chunk has accrued. */
-			if (c->seq != lim->seq || c->retry_ns <= rl_now(&now))
+			/* The pool was short: over limit until a chunk has
+			 * accrued, if the wait was computed for this limit
+			 * (generation) under its parameters (seq): one compare
+			 * for the two. */
+			if (rl_cache_version(c) != rl_limit_version(lim) || c->retry_ns <= rl_now(&now))
 				goto slow;
 			/* rl_over and rl_count, with the state known at each
 			 * branch: no run-time switch on the drop path. */
@@ -730,6 +748,8 @@ static __always_inline int rl_decide_one(const struct pkt *p, const struct rl_co
 			rl_count(&lc->stats, MATCH_REJECT, p);
 			return lim->action == RL_ACTION_REJECT ? RL_ANSWER : RL_DROP;
 		}
+		if (c->gen != lim->gen)
+			goto slow;
 	} else {
 		struct rl_key_ref r = {};
 
