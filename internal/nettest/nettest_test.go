@@ -150,29 +150,45 @@ func TestStartRunsTheProgramInTheNamespace(t *testing.T) {
 		return
 	}
 	testenv.RequireRoot(t)
-	ns, err := NewNS("launch")
+	ns := launchNS(t, "launch")
+	out, pid := runSelf(t, "TestStartRunsTheProgramInTheNamespace", "1", ns.Start)
+	want := fmt.Sprintf("NS=net:[%d] PID=%d", nsInode(t, int(ns.Handle())), pid)
+	if !strings.Contains(out, want) {
+		t.Errorf("output %q, want a line %q", out, want)
+	}
+}
+
+// launchNS is a namespace for the launcher's tests, closed at the end.
+func launchNS(t *testing.T, name string) *NS {
+	t.Helper()
+	ns, err := NewNS(name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ns.Close()
+	t.Cleanup(func() { ns.Close() })
+	return ns
+}
+
+// runSelf runs this binary's test named test with NETTEST_HELPER=helper,
+// started by start (NS.Start, NS.StartIPNetnsExec), and returns its output
+// and PID once it has exited.
+func runSelf(t *testing.T, test, helper string, start func(*exec.Cmd) error) (string, int) {
+	t.Helper()
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(self, "-test.run=^TestStartRunsTheProgramInTheNamespace$")
-	cmd.Env = append(os.Environ(), "NETTEST_HELPER=1")
+	cmd := exec.Command(self, "-test.run=^"+test+"$")
+	cmd.Env = append(os.Environ(), "NETTEST_HELPER="+helper)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := ns.Start(cmd); err != nil {
+	if err := start(cmd); err != nil {
 		t.Fatal(err)
 	}
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("%v: %s", err, out.String())
 	}
-	want := fmt.Sprintf("NS=net:[%d] PID=%d", nsInode(t, int(ns.Handle())), cmd.Process.Pid)
-	if !strings.Contains(out.String(), want) {
-		t.Errorf("output %q, want a line %q", out.String(), want)
-	}
+	return out.String(), cmd.Process.Pid
 }
 
 // TestStartIPNetnsExecLeavesTheCallerAlone: a program started as `ip netns
@@ -202,15 +218,7 @@ func TestStartIPNetnsExecLeavesTheCallerAlone(t *testing.T) {
 		return
 	}
 	testenv.RequireRoot(t)
-	ns, err := NewNS("ipnetnsexec")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Close()
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
+	ns := launchNS(t, "ipnetnsexec")
 	ownMnt, err1 := os.Readlink("/proc/self/ns/mnt")
 	ownNet, err2 := os.Readlink("/proc/self/ns/net")
 	if err := errors.Join(err1, err2); err != nil {
@@ -220,20 +228,10 @@ func TestStartIPNetnsExecLeavesTheCallerAlone(t *testing.T) {
 
 	const runs = 50 // the old way in the test process left its main thread behind in 1 of 200 or fewer
 	for i := range runs {
-		cmd := exec.Command(self, "-test.run=^TestStartIPNetnsExecLeavesTheCallerAlone$")
-		cmd.Env = append(os.Environ(), "NETTEST_HELPER=mounts")
-		var out bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &out
-		if err := ns.StartIPNetnsExec(cmd); err != nil {
-			t.Fatal(err)
-		}
-		if err := cmd.Wait(); err != nil {
-			t.Fatalf("%v: %s", err, out.String())
-		}
+		got, _ := runSelf(t, "TestStartIPNetnsExecLeavesTheCallerAlone", "mounts", ns.StartIPNetnsExec)
 		if i > 0 {
 			continue
 		}
-		got := out.String()
 		t.Logf("the program's view:\n%s", got)
 		if !strings.Contains(got, wantNet) {
 			t.Errorf("the program is not in %s: want %q", ns.Name, wantNet)
