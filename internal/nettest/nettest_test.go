@@ -211,7 +211,7 @@ func TestStartIPNetnsExecLeavesTheCallerAlone(t *testing.T) {
 			// ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [TAGS...] - FSTYPE SOURCE SUPER
 			f := strings.Fields(line)
 			sep := slices.Index(f, "-")
-			if len(f) > 4 && sep > 0 && sep+2 < len(f) && strings.HasPrefix(f[4], "/sys") {
+			if len(f) > 4 && sep > 0 && sep+2 < len(f) && (f[4] == "/sys" || strings.HasPrefix(f[4], "/sys/")) {
 				fmt.Printf("MOUNT %s %s %s\n", f[4], f[sep+1], f[sep+2])
 			}
 		}
